@@ -1,0 +1,46 @@
+// The rule catalog: data. Each rule names its kernel family, the ops it can be rooted at, the
+// math its fused kernel computes, and a matcher that returns a Match or says why not.
+//
+// Matchers live one family per file (rule_*.cpp). A rule that fires records its name in the
+// Match, so reports and `fact explain` say which rule covered which node.
+#pragma once
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "discover/pattern.h"
+#include "ir/graph.h"
+
+namespace fact::discover {
+
+struct Rule {
+  std::string name;
+  Family family;
+  std::set<ir::Op> roots;  // the ops a match is anchored at
+  std::string math;        // one-line description of what the fused kernel computes
+  std::function<Attempt(const ir::Graph&, int root)> match;
+};
+
+const std::vector<Rule>& catalog();
+
+// Matchers (rule_*.cpp).
+Attempt match_gemm_epilogue(const ir::Graph& g, int root);
+Attempt match_horizontal_gemm(const ir::Graph& g, int root);
+Attempt match_gated_mlp(const ir::Graph& g, int root);
+Attempt match_attention_handwritten(const ir::Graph& g, int root);
+Attempt match_attention_sdpa(const ir::Graph& g, int root);
+Attempt match_norm_op(const ir::Graph& g, int root);
+Attempt match_rms_norm_handwritten(const ir::Graph& g, int root);
+
+// Helpers shared by matchers.
+Attempt miss(const std::string& rule, int root, int at, int progress, const std::string& reason);
+// Sort and de-duplicate a node list.
+void normalize(std::vector<int>& nodes);
+// Add view/identity chain nodes (each chain nearest first) to `nodes` while every user of each is
+// already in `nodes`, until nothing changes: the fused kernel then reads the producer in place.
+void absorb_chains(const ir::Graph& g, const std::vector<std::vector<int>>& chains,
+                   std::vector<int>& nodes);
+
+}  // namespace fact::discover

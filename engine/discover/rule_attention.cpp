@@ -1,0 +1,380 @@
+// Attention: softmax(scale * Q @ K^T [+ causal mask]) @ V, written by hand or as
+// scaled_dot_product_attention. The matcher steps over the views between the projections and
+// the attention (split, view, transpose, GQA's expand/reshape or repeat_interleave) so the
+// fused kernel reads Q, K and V in place, with the strides recorded in the plan.
+#include <cmath>
+#include <limits>
+
+#include "discover/catalog.h"
+#include "discover/views.h"
+
+namespace fact::discover {
+
+using ir::Arg;
+using ir::Graph;
+using ir::Node;
+using ir::Op;
+using ir::OpClass;
+
+namespace {
+
+// What a mask tensor says about position (i, j) of the score matrix.
+enum class MaskKind { none, keep_lower, drop_upper, additive_upper };
+
+bool is_neg_inf(double v) { return std::isinf(v) && v < 0; }
+
+// Recognise causal masks through views, casts and slices that start at 0.
+MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes) {
+  while (true) {
+    const auto& n = g.node(id);
+    const bool view_like = is_view(n) || is_identity(g, n) || ir::op_class(n.op) == OpClass::cast;
+    if (!view_like) break;
+    if (n.op == Op::slice) {
+      const Arg* start = n.arg(2, "start");
+      if (start && start->kind == Arg::Kind::integer && start->i != 0) return MaskKind::none;
+    }
+    nodes.push_back(id);
+    id = first_operand(n);
+  }
+  const auto& n = g.node(id);
+  if (n.is_placeholder()) {
+    if (n.has_fact("tril") && n.facts.at("tril") != 0) return MaskKind::keep_lower;
+    if (n.has_fact("causal_additive") && n.facts.at("causal_additive") != 0) return MaskKind::additive_upper;
+    return MaskKind::none;
+  }
+  nodes.push_back(id);
+  double v = 0;
+  switch (n.op) {
+    case Op::eq:
+    case Op::ne: {
+      // (tril == 0) marks the upper triangle; (tril != 0) the lower one.
+      const Arg* other = n.arg(1, "other");
+      if (!other || !scalar_value(g, *other, v) || v != 0) return MaskKind::none;
+      const auto inner = mask_kind(g, first_operand(n), nodes);
+      if (inner != MaskKind::keep_lower) return MaskKind::none;
+      return n.op == Op::eq ? MaskKind::drop_upper : MaskKind::keep_lower;
+    }
+    case Op::logical_not: {
+      const auto inner = mask_kind(g, first_operand(n), nodes);
+      if (inner == MaskKind::keep_lower) return MaskKind::drop_upper;
+      if (inner == MaskKind::drop_upper) return MaskKind::keep_lower;
+      return MaskKind::none;
+    }
+    case Op::tril:
+    case Op::triu: {
+      const Arg* diag = n.arg(1, "diagonal");
+      const int64_t d = diag && diag->kind == Arg::Kind::integer ? diag->i : 0;
+      const int src = first_operand(n);
+      if (src < 0) return MaskKind::none;
+      const auto& fill = g.node(src);
+      double fill_value = 0;
+      const bool is_full = fill.op == Op::full && fill.arg(1, "fill_value") &&
+                           scalar_value(g, *fill.arg(1, "fill_value"), fill_value);
+      const bool is_ones = fill.op == Op::ones || (is_full && fill_value != 0 && !is_neg_inf(fill_value));
+      if (!is_full && !is_ones) return MaskKind::none;
+      nodes.push_back(src);
+      if (n.op == Op::tril && d == 0 && is_ones) return MaskKind::keep_lower;
+      if (n.op == Op::triu && d == 1 && is_ones) return MaskKind::drop_upper;
+      if (n.op == Op::triu && d == 1 && is_full && is_neg_inf(fill_value)) return MaskKind::additive_upper;
+      return MaskKind::none;
+    }
+    default:
+      return MaskKind::none;
+  }
+}
+
+struct Side {
+  int source = -1;
+  std::vector<int> chain;
+  int repeat = 1;        // GQA: how many query heads share one KV head
+  bool transposed = false;  // K^T: last two dims swapped on the way
+};
+
+// Walk a Q/K/V operand back to the tensor it reads, noting GQA expansion and transposes.
+Side trace_operand(const Graph& g, int id) {
+  Side s;
+  s.source = id;
+  while (true) {
+    const auto& n = g.node(s.source);
+    const int src = first_operand(n);
+    if (src < 0) break;
+    if (n.op == Op::repeat_interleave) {
+      const Arg* r = n.arg(1, "repeats");
+      if (!r || r->kind != Arg::Kind::integer) break;
+      s.repeat *= static_cast<int>(r->i);
+    } else if (n.op == Op::expand && n.outputs.size() == 1 && g.node(src).outputs.size() == 1) {
+      // [b, h_kv, 1, s, d] -> [b, h_kv, rep, s, d]
+      const auto& in = g.node(src).type().shape;
+      const auto& out = n.type().shape;
+      if (in.size() == out.size()) {
+        for (size_t d = 0; d < in.size(); ++d) {
+          if (in[d] == 1 && out[d] > 1) s.repeat *= static_cast<int>(out[d]);
+        }
+      }
+    } else if (n.op == Op::transpose) {
+      std::vector<int64_t> dims;
+      const Arg* d0 = n.arg(1, "dim0");
+      const Arg* d1 = n.arg(2, "dim1");
+      if (d0 && d1 && d0->kind == Arg::Kind::integer && d1->kind == Arg::Kind::integer) {
+        const int r = n.type().rank();
+        const int a = norm_dim(d0->i, r), b = norm_dim(d1->i, r);
+        if (std::min(a, b) == r - 2 && std::max(a, b) == r - 1) s.transposed = !s.transposed;
+      }
+    } else if (n.op == Op::t) {
+      s.transposed = !s.transposed;
+    } else if (n.op == Op::permute) {
+      std::vector<int64_t> perm;
+      if (int_list(n.arg(1, "dims"), perm) && perm.size() >= 2) {
+        const auto r = static_cast<int>(perm.size());
+        if (norm_dim(perm[perm.size() - 1], r) == r - 2 && norm_dim(perm[perm.size() - 2], r) == r - 1) {
+          s.transposed = !s.transposed;
+        }
+      }
+    } else if (!(is_view(n) || is_identity(g, n) || n.op == Op::contiguous)) {
+      break;
+    }
+    s.chain.push_back(s.source);
+    s.source = src;
+  }
+  return s;
+}
+
+std::vector<int64_t> strides_of(const Graph& g, int id) {
+  return g.node(id).outputs.size() == 1 ? g.node(id).type().strides : std::vector<int64_t>{};
+}
+
+// Fill in the parts shared by both attention rules.
+Match attention_match(const Graph& g, const std::string& rule, int root, int q, int k, int v, int out,
+                      bool causal, double scale, const std::string& softmax_dtype,
+                      std::vector<int> nodes, std::vector<std::string> steps,
+                      std::vector<std::vector<int>> chains) {
+  const Side qs = trace_operand(g, q), ks = trace_operand(g, k), vs = trace_operand(g, v);
+  const auto& qt = g.node(q).type();
+  const auto& vt = g.node(v).type();
+  const auto& ot = g.node(out).type();
+  const int r = qt.rank();
+  const int64_t seq_q = qt.shape[static_cast<size_t>(r - 2)];
+  const int64_t head_dim = qt.shape[static_cast<size_t>(r - 1)];
+  const int64_t seq_k = vt.shape[static_cast<size_t>(vt.rank() - 2)];
+  const int64_t head_dim_v = vt.shape[static_cast<size_t>(vt.rank() - 1)];
+  int64_t heads = r >= 4 ? qt.shape[static_cast<size_t>(r - 3)] : 1;
+  int64_t batch = 1;
+  for (int d = 0; d < r - (r >= 4 ? 3 : 2); ++d) batch *= qt.shape[static_cast<size_t>(d)];
+  int64_t kv_heads = heads / std::max(ks.repeat, 1);
+  if (ks.repeat == 1 && g.node(k).type().rank() >= 4) {
+    const auto& kt = g.node(k).type();
+    // SDPA with enable_gqa takes K with fewer heads directly; K^T keeps heads at rank-3.
+    kv_heads = kt.shape[static_cast<size_t>(kt.rank() - 3)];
+  }
+  // K's strides as [.., s, d], whether the graph handed us K or K^T.
+  auto k_strides = strides_of(g, k);
+  if (ks.transposed && k_strides.size() >= 2) std::swap(k_strides[k_strides.size() - 1], k_strides[k_strides.size() - 2]);
+  // Follow the output through transpose/contiguous/view to (b, s, h*d).
+  const Chain tail = follow_views(g, out);
+  for (int id : tail.nodes) nodes.push_back(id);
+  const int final_out = tail.source;
+  Match m;
+  m.rule = rule;
+  m.family = Family::attention;
+  m.root = root;
+  m.output = final_out;
+  chains.push_back(qs.chain);
+  chains.push_back(ks.chain);
+  chains.push_back(vs.chain);
+  absorb_chains(g, chains, nodes);
+  m.nodes = nodes;
+  normalize(m.nodes);
+  m.anchors = {root};
+  m.operands = {Operand{"q", qs.source, ""}, Operand{"k", ks.source, ""}, Operand{"v", vs.source, ""}};
+  m.epilogue = std::move(steps);
+  m.problem = {{"batch", batch},       {"heads", heads},   {"kv_heads", kv_heads},
+               {"seq_q", seq_q},       {"seq_k", seq_k},   {"head_dim", head_dim},
+               {"head_dim_v", head_dim_v}};
+  const auto& final_t = g.node(final_out).type();
+  m.attrs = {{"causal", causal},
+             {"scale", scale},
+             {"dtype", ir::dtype_name(qt.dtype)},
+             {"softmax_dtype", softmax_dtype},
+             {"q_strides", strides_of(g, q)},
+             {"k_strides", k_strides},
+             {"v_strides", strides_of(g, v)},
+             {"q_source", g.node(qs.source).name},
+             {"k_source", g.node(ks.source).name},
+             {"v_source", g.node(vs.source).name},
+             {"out_layout", final_t.rank() == 3 && final_t.shape[2] == heads * head_dim_v ? "bs(hd)" : "bhsd"},
+             {"out_dtype", ir::dtype_name(ot.dtype)}};
+  return m;
+}
+
+// Which operand of an add (0 or 1) is an additive causal mask; -1 if neither. Fills `nodes`.
+int additive_mask_side(const Graph& g, const std::vector<int>& ops, std::vector<int>& nodes) {
+  for (int side = 1; side >= 0; --side) {
+    nodes.clear();
+    if (mask_kind(g, ops[static_cast<size_t>(side)], nodes) == MaskKind::additive_upper) return side;
+  }
+  nodes.clear();
+  return -1;
+}
+
+bool single_use(const Graph& g, int id) { return g.node(id).users.size() == 1 && !g.is_graph_output(id); }
+
+}  // namespace
+
+Attempt match_attention_handwritten(const Graph& g, int root) {
+  const std::string rule = "attention_handwritten";
+  const auto& sm = g.node(root);
+  const Arg* dim = sm.arg(1, "dim");
+  if (!dim || dim->kind != Arg::Kind::integer || norm_dim(dim->i, sm.type().rank()) != sm.type().rank() - 1) {
+    return miss(rule, root, root, 0, "softmax is not over the last dim");
+  }
+  std::vector<int> nodes = {root};
+  std::vector<std::vector<int>> chains;  // mask computations, absorbed if nothing else reads them
+  std::vector<std::string> steps;
+  double scale = 1.0;
+  bool causal = false;
+  int progress = 1;
+  // Backward: casts, scaling and masking between Q @ K^T and the softmax.
+  int cur = first_operand(sm);
+  while (ir::op_class(g.node(cur).op) != OpClass::gemm) {
+    const auto& n = g.node(cur);
+    if (!single_use(g, cur)) {
+      return miss(rule, root, cur, progress, "'" + n.name + "' is also used outside the attention");
+    }
+    const auto ops = g.operands(n);
+    double c = 0;
+    std::vector<int> mask_nodes;
+    if (ir::op_class(n.op) == OpClass::cast || is_identity(g, n)) {
+      cur = first_operand(n);
+    } else if ((n.op == Op::mul || n.op == Op::div) && ops.size() == 1 &&
+               (scalar_value(g, *n.arg(1, "other"), c) || scalar_value(g, *n.arg(0, "self"), c))) {
+      scale = n.op == Op::mul ? scale * c : scale / c;
+      steps.insert(steps.begin(), "scale");  // walking backwards: earlier steps go first
+      cur = ops[0];
+    } else if (n.op == Op::masked_fill && ops.size() == 2 && n.arg(2, "value") &&
+               scalar_value(g, *n.arg(2, "value"), c) && is_neg_inf(c) &&
+               mask_kind(g, ops[1], mask_nodes) == MaskKind::drop_upper) {
+      causal = true;
+      steps.insert(steps.begin(), "causal_mask");
+      cur = ops[0];
+    } else if (n.op == Op::where && ops.size() == 2 && n.arg(2, "other") &&
+               scalar_value(g, *n.arg(2, "other"), c) && is_neg_inf(c) &&
+               mask_kind(g, ops[0], mask_nodes) == MaskKind::keep_lower) {
+      causal = true;
+      steps.insert(steps.begin(), "causal_mask");
+      cur = ops[1];
+    } else if (n.op == Op::add && ops.size() == 2 && additive_mask_side(g, ops, mask_nodes) >= 0) {
+      causal = true;
+      steps.insert(steps.begin(), "causal_mask");
+      cur = ops[static_cast<size_t>(1 - additive_mask_side(g, ops, mask_nodes))];
+    } else {
+      return miss(rule, root, cur, progress,
+                  "between Q @ K^T and softmax, '" + n.name + "' (" + n.target_op +
+                      ") is not a cast, a scale by a constant or a causal mask");
+    }
+    nodes.push_back(n.id);
+    if (!mask_nodes.empty()) chains.push_back(mask_nodes);
+    ++progress;
+  }
+  const int qk = cur;
+  if (!single_use(g, qk)) return miss(rule, root, qk, progress, "the scores Q @ K^T are also used elsewhere");
+  nodes.push_back(qk);
+  const auto qk_ops = g.operands(g.node(qk));
+  if (qk_ops.size() != 2) return miss(rule, root, qk, progress, "Q @ K^T does not have two tensor operands");
+  int q = qk_ops[0];
+  // A scale applied to Q before the product.
+  {
+    const auto& qn = g.node(q);
+    double c = 0;
+    const auto qops = g.operands(qn);
+    if ((qn.op == Op::mul || qn.op == Op::div) && qops.size() == 1 && single_use(g, q) &&
+        (scalar_value(g, *qn.arg(1, "other"), c) || scalar_value(g, *qn.arg(0, "self"), c))) {
+      scale = qn.op == Op::mul ? scale * c : scale / c;
+      steps.insert(steps.begin(), "scale");
+      nodes.push_back(q);
+      q = qops[0];
+    }
+  }
+  const int kt = qk_ops[1];
+  if (!trace_operand(g, kt).transposed) {
+    return miss(rule, root, kt, progress, "the right operand of Q @ K^T is not a transposed K");
+  }
+  ++progress;
+  // Forward: casts and dropout(p=0) to probs @ V.
+  cur = root;
+  std::string softmax_dtype = ir::dtype_name(sm.type().dtype);
+  while (true) {
+    if (!single_use(g, cur)) return miss(rule, root, cur, progress, "the probabilities are also used elsewhere");
+    const int u = g.node(cur).users[0];
+    const auto& n = g.node(u);
+    if (ir::op_class(n.op) == OpClass::cast || is_identity(g, n)) {
+      nodes.push_back(u);
+      cur = u;
+      continue;
+    }
+    if (n.op == Op::dropout) {
+      return miss(rule, root, u, progress, "dropout with p > 0 in training mode is not fused");
+    }
+    if (ir::op_class(n.op) == OpClass::gemm && first_operand(n) == cur) {
+      nodes.push_back(u);
+      cur = u;
+      break;
+    }
+    return miss(rule, root, u, progress,
+                "after softmax, '" + n.name + "' (" + n.target_op + ") is not a cast, dropout or @ V");
+  }
+  const int pv = cur;
+  const auto pv_ops = g.operands(g.node(pv));
+  if (pv_ops.size() != 2) return miss(rule, root, pv, progress, "P @ V does not have two tensor operands");
+  steps.push_back("softmax");
+  Attempt a;
+  a.matches.push_back(attention_match(g, rule, root, q, kt, pv_ops[1], pv, causal, scale, softmax_dtype,
+                                      nodes, steps, chains));
+  return a;
+}
+
+Attempt match_attention_sdpa(const Graph& g, int root) {
+  const std::string rule = "attention_sdpa";
+  const auto& n = g.node(root);
+  const Arg* q = n.arg(0, "query");
+  const Arg* k = n.arg(1, "key");
+  const Arg* v = n.arg(2, "value");
+  if (!q || !k || !v || !q->is_node() || !k->is_node() || !v->is_node()) {
+    return miss(rule, root, root, 0, "query, key and value are not all tensors");
+  }
+  std::vector<int> nodes = {root};
+  std::vector<std::vector<int>> chains;
+  std::vector<std::string> steps = {"scale"};
+  bool causal = false;
+  const Arg* is_causal = n.arg(5, "is_causal");
+  if (is_causal && is_causal->kind == Arg::Kind::boolean) causal = is_causal->b;
+  const Arg* mask = n.arg(3, "attn_mask");
+  if (mask && mask->is_node()) {
+    std::vector<int> mask_nodes;
+    const auto kind = mask_kind(g, mask->node, mask_nodes);
+    if (kind != MaskKind::keep_lower && kind != MaskKind::additive_upper) {
+      return miss(rule, root, mask->node, 1, "attn_mask '" + g.node(mask->node).name + "' is not a causal mask");
+    }
+    causal = true;
+    chains.push_back(mask_nodes);
+  }
+  if (causal) steps.push_back("causal_mask");
+  steps.push_back("softmax");
+  const Arg* dropout = n.arg(4, "dropout_p");
+  double p = 0;
+  if (dropout && scalar_value(g, *dropout, p) && p != 0) {
+    return miss(rule, root, root, 1, "dropout_p > 0 is not fused");
+  }
+  const auto& qt = g.node(q->node).type();
+  double scale = 1.0 / std::sqrt(static_cast<double>(qt.shape.back()));
+  const Arg* s = n.arg(-1, "scale");
+  if (s && s->kind != Arg::Kind::none) scalar_value(g, *s, scale);
+  if (n.outputs.size() != 1) {
+    return miss(rule, root, root, 1, "the backend variant returning several tensors is not handled");
+  }
+  Attempt a;
+  a.matches.push_back(attention_match(g, rule, root, q->node, k->node, v->node, root, causal, scale,
+                                      ir::dtype_name(qt.dtype), nodes, steps, chains));
+  return a;
+}
+
+}  // namespace fact::discover

@@ -1,0 +1,73 @@
+// Horizontal GEMM fusion: GEMMs that read the same A with weight B operands of the same K
+// (q, k, v projections) become one GEMM over the concatenated weights.
+#include <algorithm>
+
+#include "discover/catalog.h"
+#include "discover/gemm_shape.h"
+#include "discover/views.h"
+
+namespace fact::discover {
+
+Attempt match_horizontal_gemm(const ir::Graph& g, int root) {
+  const std::string rule = "horizontal_gemm";
+  GemmShape s;
+  std::string why;
+  if (!gemm_shape(g, root, s, why)) return miss(rule, root, root, 1, "'" + g.node(root).name + "' " + why);
+  if (s.batch != 1 || !s.b_is_weight) {
+    return miss(rule, root, root, 1, "only GEMMs with a weight (parameter) B operand fuse horizontally");
+  }
+  const int a_src = skip_identity(g, s.a);
+  std::vector<int> group;
+  std::vector<GemmShape> shapes;
+  // Siblings read A directly with the same M, K, weight layout and dtype.
+  for (int cand : g.node(a_src).users) {
+    GemmShape t;
+    std::string w;
+    if (ir::op_class(g.node(cand).op) != ir::OpClass::gemm || !gemm_shape(g, cand, t, w)) continue;
+    if (skip_identity(g, t.a) != a_src || t.batch != 1 || !t.b_is_weight || t.k != s.k ||
+        t.m != s.m || t.layout_b != s.layout_b ||
+        g.node(t.b).type().dtype != g.node(s.b).type().dtype) {
+      continue;
+    }
+    group.push_back(cand);
+    shapes.push_back(t);
+  }
+  if (group.size() < 2) {
+    return miss(rule, root, root, 2,
+                "no other GEMM reads '" + g.node(a_src).name + "' with a weight of the same K");
+  }
+  if (*std::min_element(group.begin(), group.end()) != root) {
+    return miss(rule, root, root, 2, "anchored at the group's first GEMM instead");
+  }
+  Match m;
+  m.rule = rule;
+  m.family = Family::horizontal_gemm;
+  m.root = root;
+  m.nodes = group;
+  m.anchors = group;
+  normalize(m.nodes);
+  m.output = root;
+  m.operands.push_back(Operand{"a", s.a, ""});
+  int64_t n_total = 0;
+  bool bias = false;
+  auto parts = nlohmann::json::array();
+  for (const auto& t : shapes) {
+    m.operands.push_back(Operand{"b", t.b, ""});
+    for (const auto& o : t.seed_operands) {
+      m.operands.push_back(Operand{"bias", o.node, o.broadcast});
+      bias = true;
+    }
+    n_total += t.n;
+    parts.push_back(t.n);
+  }
+  if (bias) m.epilogue.push_back("bias");
+  m.problem = {{"batch", 1}, {"m", s.m}, {"n", n_total}, {"k", s.k}, {"n_parts", parts}};
+  m.attrs = gemm_attrs(g, s, root);
+  m.attrs["parts"] = nlohmann::json::array();
+  for (int id : group) m.attrs["parts"].push_back(g.node(id).name);
+  Attempt a;
+  a.matches.push_back(m);
+  return a;
+}
+
+}  // namespace fact::discover

@@ -1,0 +1,170 @@
+// Row norms: LayerNorm and RMSNorm as ops, and RMSNorm written out by hand
+// (x * rsqrt(mean(x^2, -1, keepdim) + eps), optionally cast back and scaled by a weight).
+#include <algorithm>
+
+#include "discover/catalog.h"
+#include "discover/epilogue.h"
+#include "discover/views.h"
+
+namespace fact::discover {
+
+using ir::Arg;
+using ir::Graph;
+using ir::Node;
+using ir::Op;
+using ir::OpClass;
+
+namespace {
+
+Match norm_match(const Graph& g, const std::string& rule, int root, const std::string& kind, int x,
+                 int out, std::vector<int> nodes, int weight, int bias, double eps) {
+  Match m;
+  m.rule = rule;
+  m.family = Family::norm;
+  m.root = root;
+  m.anchors = {root};
+  m.nodes = std::move(nodes);
+  normalize(m.nodes);
+  m.output = out;
+  m.operands.push_back(Operand{"x", x, ""});
+  if (weight >= 0) {
+    m.operands.push_back(Operand{"weight", weight, "row"});
+    m.epilogue.push_back("weight");
+  }
+  if (bias >= 0) {
+    m.operands.push_back(Operand{"bias", bias, "row"});
+    m.epilogue.push_back("bias");
+  }
+  const auto& xt = g.node(x).type();
+  const int64_t cols = xt.rank() ? xt.shape.back() : 1;
+  m.problem = {{"rows", cols ? xt.numel() / cols : 0}, {"cols", cols}};
+  m.attrs = {{"kind", kind},
+             {"eps", eps},
+             {"dtype_in", ir::dtype_name(xt.dtype)},
+             {"dtype_out", ir::dtype_name(g.node(out).type().dtype)}};
+  return m;
+}
+
+int tensor_arg(const Node& n, int pos, const char* key) {
+  const Arg* a = n.arg(pos, key);
+  return a && a->is_node() ? a->node : -1;
+}
+
+}  // namespace
+
+Attempt match_norm_op(const Graph& g, int root) {
+  const std::string rule = "norm";
+  const auto& n = g.node(root);
+  const int x = tensor_arg(n, 0, "input");
+  if (x < 0) return miss(rule, root, root, 0, "the input is not a tensor");
+  std::vector<int64_t> shape;
+  if (!int_list(n.arg(1, "normalized_shape"), shape) || shape.size() != 1) {
+    return miss(rule, root, root, 1, "only normalisation over the last dim is a row norm");
+  }
+  double eps = n.op == Op::rms_norm ? 0.0 : 1e-5;
+  const int weight = tensor_arg(n, 2, "weight");
+  int bias = -1;
+  if (n.op == Op::rms_norm) {
+    if (const Arg* e = n.arg(3, "eps")) scalar_value(g, *e, eps);
+  } else {
+    bias = tensor_arg(n, 3, "bias");
+    if (const Arg* e = n.arg(4, "eps")) scalar_value(g, *e, eps);
+  }
+  std::vector<int> nodes = {root};
+  int out = root;
+  if (n.op == Op::native_layer_norm) {
+    // (out, mean, rstd): only the normalised output may be used.
+    for (int u : n.users) {
+      const auto& gi = g.node(u);
+      const Arg* idx = gi.arg(1);
+      if (gi.op != Op::getitem || !idx || idx->kind != Arg::Kind::integer || idx->i != 0) {
+        return miss(rule, root, u, 1, "native_layer_norm's mean or rstd is used ('" + gi.name + "')");
+      }
+      nodes.push_back(u);
+      out = u;
+    }
+  }
+  const std::string kind = n.op == Op::rms_norm ? "rms_norm" : "layer_norm";
+  Attempt a;
+  a.matches.push_back(norm_match(g, rule, root, kind, x, out, nodes, weight, bias, eps));
+  return a;
+}
+
+Attempt match_rms_norm_handwritten(const Graph& g, int root) {
+  const std::string rule = "rms_norm_handwritten";
+  const auto& mean = g.node(root);
+  std::vector<int64_t> dims;
+  const Arg* keep = mean.arg(2, "keepdim");
+  const int src = first_operand(mean);
+  if (src < 0 || !int_list(mean.arg(1, "dim"), dims) || dims.size() != 1 ||
+      norm_dim(dims[0], g.node(src).type().rank()) != g.node(src).type().rank() - 1 || !keep ||
+      keep->kind != Arg::Kind::boolean || !keep->b) {
+    return miss(rule, root, root, 0, "not a mean over the last dim with keepdim=True");
+  }
+  // mean(x^2): pow(x, 2), x * x or square(x).
+  const auto& sq = g.node(src);
+  const auto sq_ops = g.operands(sq);
+  double exponent = 0;
+  const bool is_sq = (sq.op == Op::pow && sq_ops.size() == 1 && sq.arg(1, "exponent") &&
+                      scalar_value(g, *sq.arg(1, "exponent"), exponent) && exponent == 2.0) ||
+                     (sq.op == Op::mul && sq_ops.size() == 2 && sq_ops[0] == sq_ops[1]) ||
+                     (sq.op == Op::square && sq_ops.size() == 1);
+  if (!is_sq) return miss(rule, root, src, 1, "the mean is not of x squared");
+  const int x = sq_ops[0];
+  std::vector<int> nodes = {src, root};
+  // + eps, then rsqrt and multiply, or sqrt and divide.
+  auto only_user = [&](int id) { return g.node(id).users.size() == 1 ? g.node(id).users[0] : -1; };
+  const int add = only_user(root);
+  double eps = 0;
+  if (add < 0 || g.node(add).op != Op::add || !g.node(add).arg(1, "other") ||
+      !scalar_value(g, *g.node(add).arg(1, "other"), eps)) {
+    return miss(rule, root, add < 0 ? root : add, 2, "the mean is not followed by + eps");
+  }
+  nodes.push_back(add);
+  const int r = only_user(add);
+  if (r < 0 || (g.node(r).op != Op::rsqrt && g.node(r).op != Op::sqrt)) {
+    return miss(rule, root, r < 0 ? add : r, 3, "mean(x^2) + eps is not followed by rsqrt or sqrt");
+  }
+  nodes.push_back(r);
+  const int scaled = only_user(r);
+  const Op want = g.node(r).op == Op::rsqrt ? Op::mul : Op::div;
+  const auto scaled_ops = scaled < 0 ? std::vector<int>{} : g.operands(g.node(scaled));
+  if (scaled < 0 || g.node(scaled).op != want || scaled_ops.size() != 2 ||
+      (scaled_ops[0] != x && scaled_ops[1] != x)) {
+    return miss(rule, root, scaled < 0 ? r : scaled, 4, "x is not multiplied by the reciprocal RMS");
+  }
+  nodes.push_back(scaled);
+  int out = scaled;
+  // Optional cast back (Llama's .type_as(x)).
+  int next = only_user(out);
+  if (next >= 0 && ir::op_class(g.node(next).op) == OpClass::cast && !g.is_graph_output(out)) {
+    nodes.push_back(next);
+    out = next;
+    next = only_user(out);
+  }
+  // The input cast (Llama's x.float()) belongs to the norm when nothing else reads it; otherwise
+  // it stays in PyTorch (or is an identity) and the norm reads its result.
+  int input = x;
+  if (ir::op_class(g.node(x).op) == OpClass::cast && !is_identity(g, g.node(x))) {
+    absorb_chains(g, {{x}}, nodes);
+    if (std::binary_search(nodes.begin(), nodes.end(), x)) input = first_operand(g.node(x));
+  }
+  int weight = -1;
+  if (next >= 0 && g.node(next).op == Op::mul && !g.is_graph_output(out)) {
+    for (int o : g.operands(g.node(next))) {
+      if (o != out && g.node(o).outputs.size() == 1 &&
+          broadcast_kind(g.node(o).type(), g.node(next).type()) == "row") {
+        weight = o;
+      }
+    }
+    if (weight >= 0) {
+      nodes.push_back(next);
+      out = next;
+    }
+  }
+  Attempt a;
+  a.matches.push_back(norm_match(g, rule, root, "rms_norm", input, out, nodes, weight, -1, eps));
+  return a;
+}
+
+}  // namespace fact::discover

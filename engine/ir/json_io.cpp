@@ -1,0 +1,243 @@
+#include "ir/json_io.h"
+
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ir/error.h"
+#include "ir/validate.h"
+
+namespace fact::ir {
+namespace {
+
+using json = nlohmann::json;
+
+struct Loader {
+  std::string origin;
+  Graph g;
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw UserError(origin + ": " + where + ": " + what);
+  }
+
+  static std::string where_node(const std::string& name) { return "node '" + name + "'"; }
+
+  Arg parse_arg(const json& j, const std::string& where) {
+    Arg a;
+    if (j.is_null()) return a;
+    if (j.is_boolean()) {
+      a.kind = Arg::Kind::boolean;
+      a.b = j.get<bool>();
+    } else if (j.is_number_integer()) {
+      a.kind = Arg::Kind::integer;
+      a.i = j.get<int64_t>();
+    } else if (j.is_number()) {
+      a.kind = Arg::Kind::real;
+      a.f = j.get<double>();
+    } else if (j.is_string()) {
+      a.kind = Arg::Kind::string;
+      a.s = j.get<std::string>();
+    } else if (j.is_array()) {
+      a.kind = Arg::Kind::list;
+      for (const auto& item : j) a.items.push_back(parse_arg(item, where));
+    } else if (j.is_object()) {
+      if (j.contains("node")) {
+        if (!j["node"].is_string()) fail(where, "a node reference must name a node: " + j.dump());
+        const auto ref = j["node"].get<std::string>();
+        auto id = g.find(ref);
+        if (!id) {
+          fail(where, "refers to node '" + ref +
+                          "', which is not defined before it (nodes must be in program order)");
+        }
+        a.kind = Arg::Kind::node;
+        a.node = *id;
+        if (j.contains("output")) a.output = j["output"].get<int>();
+        const auto& src = g.nodes[static_cast<size_t>(*id)];
+        if (a.output < 0 || static_cast<size_t>(a.output) >= std::max<size_t>(src.outputs.size(), 1)) {
+          fail(where, "refers to output " + std::to_string(a.output) + " of node '" + ref +
+                          "', which has " + std::to_string(src.outputs.size()) + " outputs");
+        }
+      } else if (j.contains("float")) {
+        a.kind = Arg::Kind::real;
+        const auto v = j["float"].get<std::string>();
+        if (v == "inf") {
+          a.f = std::numeric_limits<double>::infinity();
+        } else if (v == "-inf") {
+          a.f = -std::numeric_limits<double>::infinity();
+        } else if (v == "nan") {
+          a.f = std::numeric_limits<double>::quiet_NaN();
+        } else {
+          fail(where, "unknown float spelling '" + v + "' (expected inf, -inf or nan)");
+        }
+      } else if (j.contains("symbol")) {
+        a.kind = Arg::Kind::symbol;
+        a.s = j["symbol"].get<std::string>();
+      } else if (j.contains("repr")) {
+        a.kind = Arg::Kind::other;
+        a.s = j["repr"].get<std::string>();
+      } else {
+        for (const char* tag : {"dtype", "device", "layout", "memory_format"}) {
+          if (j.contains(tag)) {
+            a.kind = Arg::Kind::enum_value;
+            a.tag = tag;
+            a.s = j[tag].get<std::string>();
+            return a;
+          }
+        }
+        fail(where, "unknown argument value " + j.dump());
+      }
+    }
+    return a;
+  }
+
+  TensorType parse_type(const json& j, const std::string& where) {
+    if (!j.is_object()) fail(where, "a tensor type must be an object, got " + j.dump());
+    if (j.contains("value")) {  // a non-tensor result (a Python int): no tensor type
+      TensorType t;
+      t.dtype = DType::i64;
+      return t;
+    }
+    for (const char* key : {"dtype", "shape", "strides"}) {
+      if (!j.contains(key)) fail(where, std::string("tensor type lacks \"") + key + "\"");
+    }
+    TensorType t;
+    t.dtype_spelling = j["dtype"].get<std::string>();
+    t.dtype = dtype_from_name(t.dtype_spelling).value_or(DType::other);
+    for (const char* key : {"shape", "strides"}) {
+      const auto& dims = j[key];
+      if (!dims.is_array()) fail(where, std::string("\"") + key + "\" must be a list");
+      for (size_t d = 0; d < dims.size(); ++d) {
+        if (dims[d].is_string()) {
+          fail(where, "has a dynamic dimension '" + dims[d].get<std::string>() + "' (" + key +
+                          " " + std::to_string(d) +
+                          "): FACT compiles kernels for static shapes; trace with fixed example "
+                          "inputs and no dynamic_shapes");
+        }
+        if (!dims[d].is_number_integer()) {
+          fail(where, std::string("\"") + key + "\" entry " + std::to_string(d) +
+                          " is not an integer: " + dims[d].dump());
+        }
+        (std::string(key) == "shape" ? t.shape : t.strides).push_back(dims[d].get<int64_t>());
+      }
+    }
+    return t;
+  }
+
+  void parse_node(const json& j, size_t index) {
+    const std::string where_idx = "node #" + std::to_string(index);
+    if (!j.is_object()) fail(where_idx, "must be an object");
+    if (!j.contains("name") || !j["name"].is_string()) fail(where_idx, "has no \"name\"");
+    Node n;
+    n.name = j["name"].get<std::string>();
+    const auto where = where_node(n.name);
+    if (g.by_name.count(n.name)) fail(where, "is defined twice");
+    if (!j.contains("op") || !j["op"].is_string()) fail(where, "has no \"op\"");
+    n.target_op = j["op"].get<std::string>();
+    n.op = op_from_target(n.target_op);
+    const auto kind = j.value("kind", std::string(n.op == Op::placeholder ? "input" : "call"));
+    static const std::map<std::string, NodeKind> kinds = {{"input", NodeKind::input},
+                                                          {"parameter", NodeKind::parameter},
+                                                          {"buffer", NodeKind::buffer},
+                                                          {"constant", NodeKind::constant},
+                                                          {"call", NodeKind::call}};
+    auto k = kinds.find(kind);
+    if (k == kinds.end()) {
+      fail(where, "unknown kind '" + kind + "' (expected input, parameter, buffer, constant, call)");
+    }
+    n.kind = k->second;
+    if ((n.op == Op::placeholder) != (n.kind != NodeKind::call)) {
+      fail(where, "op '" + n.target_op + "' does not agree with kind '" + kind + "'");
+    }
+    n.target = j.value("target", std::string());
+    n.module = j.value("module", std::string());
+    if (j.contains("outputs")) {
+      if (!j["outputs"].is_array()) fail(where, "\"outputs\" must be a list");
+      for (const auto& t : j["outputs"]) n.outputs.push_back(parse_type(t, where));
+    }
+    if (j.contains("args")) {
+      if (!j["args"].is_array()) fail(where, "\"args\" must be a list");
+      for (const auto& a : j["args"]) n.args.push_back(parse_arg(a, where));
+    }
+    if (j.contains("kwargs")) {
+      if (!j["kwargs"].is_object()) fail(where, "\"kwargs\" must be an object");
+      for (const auto& [key, a] : j["kwargs"].items()) n.kwargs[key] = parse_arg(a, where);
+    }
+    if (j.contains("facts") && j["facts"].is_object()) {
+      for (const auto& [key, v] : j["facts"].items()) {
+        if (v.is_boolean()) {
+          n.facts[key] = v.get<bool>() ? 1.0 : 0.0;
+        } else if (v.is_number()) {
+          n.facts[key] = v.get<double>();
+        }
+      }
+    }
+    n.id = static_cast<int>(g.nodes.size());
+    g.by_name[n.name] = n.id;
+    g.nodes.push_back(std::move(n));
+  }
+
+  Graph parse(const json& doc) {
+    if (!doc.is_object()) fail("top level", "a FACT graph is a JSON object");
+    if (doc.value("format", std::string()) != "fact.graph") {
+      fail("top level", "not a FACT graph (\"format\" must be \"fact.graph\"); make one with "
+                        "`fact trace problem.py -o graph.json`");
+    }
+    if (!doc.contains("version") || !doc["version"].is_number_integer()) {
+      fail("top level", "has no integer \"version\"");
+    }
+    g.version = doc["version"].get<int>();
+    if (g.version != kGraphFormatVersion) {
+      fail("top level", "graph format version " + std::to_string(g.version) +
+                            " is not supported (this engine reads version " +
+                            std::to_string(kGraphFormatVersion) + "); re-trace with this FACT");
+    }
+    g.source = doc.value("source", std::string());
+    g.model = doc.value("model", std::string());
+    g.dtype = doc.value("dtype", std::string());
+    g.precision = doc.value("float32_matmul_precision", std::string("highest"));
+    g.torch_version = doc.value("torch_version", std::string());
+    if (!doc.contains("nodes") || !doc["nodes"].is_array()) fail("top level", "has no \"nodes\" list");
+    size_t index = 0;
+    for (const auto& j : doc["nodes"]) parse_node(j, index++);
+    if (!doc.contains("outputs") || !doc["outputs"].is_array()) {
+      fail("top level", "has no \"outputs\" list");
+    }
+    for (const auto& o : doc["outputs"]) g.outputs.push_back(parse_arg(o, "graph outputs"));
+    g.finalize();
+    validate(g, origin);
+    return std::move(g);
+  }
+};
+
+}  // namespace
+
+Graph load_graph_string(const std::string& text, const std::string& origin) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // nlohmann's message: "[json.exception.parse_error.101] parse error at line 3, column 7: ..."
+    auto pos = what.find("parse error");
+    throw UserError(origin + ": malformed JSON (" + (pos == std::string::npos ? what : what.substr(pos)) +
+                    "); is the file truncated? Re-create it with `fact trace`");
+  }
+  Loader loader{origin, {}};
+  try {
+    return loader.parse(doc);
+  } catch (const json::exception& e) {
+    throw UserError(origin + ": a field has the wrong type (" + std::string(e.what()) + ")");
+  }
+}
+
+Graph load_graph_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path + ": cannot open the graph file (does it exist?)");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) throw UserError(path + ": the graph file is empty");
+  return load_graph_string(text.str(), path);
+}
+
+}  // namespace fact::ir

@@ -1,0 +1,207 @@
+"""The `fact` command line: trace a problem file and hand the graph to the engine.
+
+Commands take a problem file (.py, traced here) or a graph already traced (.json, passed straight
+to the engine). Results go to stdout; progress and errors go to stderr, so `--json` output can be
+piped. Every user error is `fact: error: ...` and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from fact import __version__
+from fact.engine import find_engine, run_engine
+from fact.errors import FactError
+
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+ARCH_CHOICES = ("sm90", "sm80")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help and on usage errors
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return args.run(args)
+    except FactError as exc:
+        print(f"fact: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fact: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `fact ... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fact",
+        description="FACT: a kernel-synthesis compiler for PyTorch.",
+    )
+    parser.add_argument("--version", action="version", version=f"fact {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    discover = commands.add_parser(
+        "discover",
+        help="plan kernels for a problem file or traced graph",
+        description="Trace PROBLEM.py (or take GRAPH.json) and print the engine's kernel plan.",
+    )
+    _add_target(discover)
+    _add_dtype(discover)
+    discover.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _add_arch(discover)
+    discover.add_argument("--gpu", metavar="NAME", help="target GPU (h200, h100, a100)")
+    discover.add_argument(
+        "--save-graph", metavar="PATH", type=Path, help="also keep the traced graph at PATH"
+    )
+    discover.set_defaults(run=_discover)
+
+    explain = commands.add_parser(
+        "explain",
+        help="explain what the engine decided for one node",
+        description="Explain the engine's decision for node NAME of PROBLEM.py or GRAPH.json.",
+    )
+    _add_target(explain)
+    explain.add_argument("--node", required=True, metavar="NAME", help="the node's name")
+    _add_dtype(explain)
+    _add_arch(explain)
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    explain.set_defaults(run=_explain)
+
+    trace = commands.add_parser(
+        "trace",
+        help="trace a problem file into a graph file",
+        description="Trace PROBLEM.py with torch.export and write its FACT graph (JSON).",
+    )
+    trace.add_argument("problem", metavar="PROBLEM.py", help="problem file")
+    _add_dtype(trace)
+    trace.add_argument(
+        "-o", "--output", required=True, type=Path, metavar="GRAPH.json", help="graph file to write"
+    )
+    trace.set_defaults(run=_trace)
+    return parser
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target", metavar="PROBLEM.py|GRAPH.json", help="problem file, or a graph from `fact trace`"
+    )
+
+
+def _add_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        help="cast the model and its floating-point inputs before tracing (problem files only)",
+    )
+
+
+def _add_arch(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", choices=ARCH_CHOICES, help="target architecture (default sm90)")
+
+
+def _discover(args: argparse.Namespace) -> int:
+    extra = _option("--arch", args.arch) + _option("--gpu", args.gpu)
+    return _engine_command("discover", args, extra, save_to=args.save_graph)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    extra = ["--node", args.node, *_option("--arch", args.arch)]
+    return _engine_command("explain", args, extra, save_to=None)
+
+
+def _trace(args: argparse.Namespace) -> int:
+    _trace_problem(args.problem, args.dtype, args.output)
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def _engine_command(
+    subcommand: str, args: argparse.Namespace, extra: list[str], save_to: Path | None
+) -> int:
+    """Get a graph for args.target, run `fact-engine SUBCOMMAND` on it, print its stdout."""
+    is_graph = _check_target(args.target, args.dtype, save_to)
+    find_engine()  # fail before a long trace, not after
+    with _graph_file(args.target, is_graph, args.dtype, save_to) as graph_path:
+        json_flag = ["--json"] if args.json else []
+        done = run_engine([subcommand, str(graph_path), *extra, *json_flag])
+    sys.stdout.write(done.stdout)
+    sys.stdout.flush()
+    return 0
+
+
+def _check_target(target: str, dtype: str | None, save_to: Path | None) -> bool:
+    """Check the target and the options that go with it; True for a graph, False for a problem."""
+    path = Path(target)
+    if path.suffix == ".json":
+        if dtype is not None:
+            raise FactError(
+                f"--dtype applies to problem files; {target} is a graph, traced already "
+                "(trace the problem file again with --dtype to change it)"
+            )
+        if save_to is not None:
+            raise FactError(f"--save-graph applies to problem files; {target} is a graph already")
+        if not path.is_file():
+            raise FactError(f"graph file {target} not found")
+        return True
+    if path.suffix != ".py":
+        raise FactError(f"{target} is neither a problem file (.py) nor a traced graph (.json)")
+    from fact.problem import check_problem_path
+
+    check_problem_path(path)
+    return False
+
+
+@contextlib.contextmanager
+def _graph_file(
+    target: str, is_graph: bool, dtype: str | None, save_to: Path | None
+) -> Iterator[Path]:
+    """Yield a graph file for target: the .json itself, or a fresh trace of the .py."""
+    if is_graph:
+        yield Path(target)
+    elif save_to is not None:
+        _trace_problem(target, dtype, save_to)
+        yield save_to
+    else:
+        with tempfile.TemporaryDirectory(prefix="fact-") as folder:
+            graph_path = Path(folder) / (Path(target).stem + ".json")
+            _trace_problem(target, dtype, graph_path)
+            yield graph_path
+
+
+def _trace_problem(problem: str, dtype: str | None, output: Path) -> None:
+    """Load, trace and save a problem file, with progress on stderr."""
+    from fact.problem import check_problem_path, load_problem  # torch loads only when needed
+    from fact.tracer import save_graph, trace
+
+    if Path(problem).suffix == ".json":
+        raise FactError(f"{problem} is a graph already; `fact trace` takes a problem file (.py)")
+    check_problem_path(problem)
+    as_dtype = f" as {dtype}" if dtype else ""
+    print(f"tracing {problem}{as_dtype} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    loaded = load_problem(problem, dtype)
+    graph = trace(loaded.model, loaded.inputs, source=str(problem))
+    elapsed = time.perf_counter() - start
+    save_graph(graph, output)
+    print(f"traced {len(graph['nodes'])} nodes in {elapsed:.1f}s", file=sys.stderr, flush=True)
+
+
+def _option(flag: str, value: str | None) -> list[str]:
+    return [flag, value] if value is not None else []
+
+
+if __name__ == "__main__":
+    sys.exit(main())

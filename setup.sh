@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up FACT on a fresh Debian/Ubuntu machine: system packages, a Python virtual environment with
+# FACT and its dependencies (.venv), and the C++ engine (build/fact-engine). Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+if command -v apt-get >/dev/null 2>&1; then
+  echo "== system packages"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    cmake g++ make nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev >/dev/null
+fi
+python3 -c 'import venv, ensurepip' 2>/dev/null || $SUDO apt-get install -y -qq python3-venv >/dev/null
+
+echo "== python environment (.venv): FACT, torch and friends"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+
+echo "== C++ engine (build/)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$(nproc)"
+echo "== ready: .venv/bin/fact discover examples/minigpt_block.py --dtype bf16"

@@ -1,0 +1,34 @@
+"""Shared fixtures. Nothing here needs the C++ engine: tests that do ask for `engine_available`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import EXAMPLES
+
+
+@pytest.fixture
+def engine_available() -> Path:
+    """The built fact-engine binary; skips the test when it is not built."""
+    from fact.engine import find_engine
+    from fact.errors import EngineNotFoundError
+
+    try:
+        return find_engine()
+    except EngineNotFoundError as exc:
+        pytest.skip(f"needs fact-engine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def minigpt():
+    """The MiniGPT example in bf16: (problem, ExportedProgram, graph), traced once per run."""
+    from fact.problem import load_problem
+    from fact.tracer import export_module, graph_from_program
+
+    path = EXAMPLES / "minigpt_block.py"
+    problem = load_problem(path, "bf16")
+    program = export_module(problem.model, problem.inputs, source=str(path))
+    graph = graph_from_program(program, source=str(path), model=problem.name)
+    return problem, program, graph
