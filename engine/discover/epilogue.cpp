@@ -274,6 +274,12 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
     if (!reads_region) continue;
     std::string why;
     bool ok = pass_through(g, n, n_cols) || translatable(g, n, why);
+    if (ok && (n.outputs.size() != 1 || n.type().numel() != G.type().numel() ||
+               n.type().shape.back() != n_cols)) {
+      ok = false;  // broadcasting the GEMM result up (or down) is not an epilogue
+      why = "its output " + (n.outputs.size() == 1 ? n.type().str() : std::string("?")) +
+            " does not have the GEMM's shape " + G.type().str();
+    }
     for (int o : ops) {
       if (!ok || in_region(o)) continue;
       if (down[static_cast<size_t>(o)]) {

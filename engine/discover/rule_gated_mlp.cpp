@@ -42,6 +42,10 @@ Attempt match_gated_mlp(const ir::Graph& g, int root) {
     const int g1 = gemm_source(g, act_out);
     if (g1 < 0 || g1 == lin) continue;
     progress = std::max(progress, 2);
+    if (g.node(act_out).users.size() != 1 || g.is_graph_output(act_out)) {
+      last_reason = "the activation '" + g.node(act_out).name + "' is also used outside the product";
+      continue;
+    }
     std::vector<int> act_nodes;
     const auto act = activation_between(g, g1, act_out, act_nodes);
     if (act.empty()) {

@@ -113,7 +113,14 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   const int x = sq_ops[0];
   std::vector<int> nodes = {src, root};
   // + eps, then rsqrt and multiply, or sqrt and divide.
-  auto only_user = [&](int id) { return g.node(id).users.size() == 1 ? g.node(id).users[0] : -1; };
+  // The next node, when `id` feeds only it (and is not itself a graph output): the pattern
+  // swallows `id`, so nothing else may need its value.
+  auto only_user = [&](int id) {
+    return g.node(id).users.size() == 1 && !g.is_graph_output(id) ? g.node(id).users[0] : -1;
+  };
+  if (only_user(src) != root) {
+    return miss(rule, root, src, 1, "the square '" + sq.name + "' is also used outside the norm");
+  }
   const int add = only_user(root);
   double eps = 0;
   if (add < 0 || g.node(add).op != Op::add || !g.node(add).arg(1, "other") ||

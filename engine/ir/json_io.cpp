@@ -104,6 +104,10 @@ struct Loader {
     TensorType t;
     t.dtype_spelling = j["dtype"].get<std::string>();
     t.dtype = dtype_from_name(t.dtype_spelling).value_or(DType::other);
+    if (j["strides"].is_null()) {
+      fail(where, "has a tensor without strides (a sparse or other non-strided layout); FACT "
+                  "handles dense tensors only: convert with .to_dense() before tracing");
+    }
     for (const char* key : {"shape", "strides"}) {
       const auto& dims = j[key];
       if (!dims.is_array()) fail(where, std::string("\"") + key + "\" must be a list");
@@ -165,10 +169,12 @@ struct Loader {
     }
     if (j.contains("facts") && j["facts"].is_object()) {
       for (const auto& [key, v] : j["facts"].items()) {
-        if (v.is_boolean()) {
-          n.facts[key] = v.get<bool>() ? 1.0 : 0.0;
-        } else if (v.is_number()) {
-          n.facts[key] = v.get<double>();
+        // Facts are argument values (docs/graph-format.md): booleans, numbers, {"float": "-inf"}.
+        const Arg a = parse_arg(v, where);
+        if (a.kind == Arg::Kind::boolean) {
+          n.facts[key] = a.b ? 1.0 : 0.0;
+        } else if (a.is_number()) {
+          n.facts[key] = a.number();
         }
       }
     }

@@ -1,0 +1,658 @@
+// Each catalog rule through discover() on small traced-shaped graphs: what it matches, the
+// sizes and attributes it records, and that nothing is silently dropped from the plan.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "discover/catalog.h"
+#include "discover/planner.h"
+#include "graph_builder.h"
+#include "sample_graphs.h"
+
+namespace fact::test {
+namespace {
+
+using discover::Family;
+using Names = std::vector<std::string>;
+
+json problem(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  return {{"batch", batch}, {"m", m}, {"n", n}, {"k", k}};
+}
+
+TEST(Catalog, EveryRuleHasRootsAndMath) {
+  const auto& rules = discover::catalog();
+  ASSERT_EQ(rules.size(), 7u);
+  for (const auto& r : rules) {
+    EXPECT_FALSE(r.roots.empty()) << r.name;
+    EXPECT_FALSE(r.math.empty()) << r.name;
+    EXPECT_TRUE(static_cast<bool>(r.match)) << r.name;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gemm_epilogue
+
+TEST(RuleGemm, MmWithTransposedWeightReadsItColumnMajor) {
+  GraphBuilder b;
+  b.input("x", T("f32", {64, 32}));
+  b.param("w", T("f32", {48, 32}));
+  b.call("wt", "aten.t.default", {N("w")}, T("f32", {32, 48}, std::vector<int64_t>{1, 32}));
+  b.call("mm", "aten.mm.default", {N("x"), N("wt")}, T("f32", {64, 48}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "gemm_epilogue");
+  EXPECT_EQ(m->problem, problem(1, 64, 48, 32));
+  EXPECT_EQ(m->attrs.at("layout_a"), "row");
+  EXPECT_EQ(m->attrs.at("layout_b"), "col");
+  EXPECT_EQ(m->attrs.at("dtype_a"), "f32");
+  EXPECT_EQ(m->attrs.at("accumulate"), "f32");
+  EXPECT_TRUE(m->epilogue.empty());
+  EXPECT_EQ(names(p.g, m->nodes), Names({"mm"}));
+  ASSERT_GE(m->operands.size(), 2u);
+  EXPECT_EQ(m->operands[1].role, "b");
+  EXPECT_EQ(p.g.node(m->operands[1].node).name, "wt");
+  EXPECT_TRUE(p.d.uncovered.empty());
+  EXPECT_EQ(names(p.g, p.d.free), Names({"wt"}));
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, MmWithTransposedActivationIsColumnMajorA) {
+  GraphBuilder b;
+  b.input("a", T("f32", {64, 32}));
+  b.input("bm", T("f32", {64, 40}));
+  b.call("at", "aten.t.default", {N("a")}, T("f32", {32, 64}, std::vector<int64_t>{1, 32}));
+  b.call("mm", "aten.mm.default", {N("at"), N("bm")}, T("f32", {32, 40}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(1, 32, 40, 64));
+  EXPECT_EQ(m->attrs.at("layout_a"), "col");
+  EXPECT_EQ(m->attrs.at("layout_b"), "row");
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, Bmm) {
+  GraphBuilder b("bf16");
+  b.input("a", T("bf16", {6, 32, 64}));
+  b.input("bm", T("bf16", {6, 64, 40}));
+  b.call("bmm", "aten.bmm.default", {N("a"), N("bm")}, T("bf16", {6, 32, 40}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(6, 32, 40, 64));
+  EXPECT_EQ(m->attrs.at("layout_a"), "row");
+  EXPECT_EQ(m->attrs.at("layout_b"), "row");
+  EXPECT_EQ(m->attrs.at("dtype_out"), "bf16");
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, MatmulBatched4d) {
+  GraphBuilder b;
+  b.input("a", T("f32", {2, 3, 32, 64}));
+  b.input("bm", T("f32", {2, 3, 64, 40}));
+  b.call("mat", "aten.matmul.default", {N("a"), N("bm")}, T("f32", {2, 3, 32, 40}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(6, 32, 40, 64));
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, Matmul3dByWeightFoldsLeadingDimsIntoM) {
+  GraphBuilder b;
+  b.input("a", T("f32", {4, 8, 64}));
+  b.param("w", T("f32", {48, 64}));
+  b.call("wt", "aten.t.default", {N("w")}, T("f32", {64, 48}, std::vector<int64_t>{1, 64}));
+  b.call("mat", "aten.matmul.default", {N("a"), N("wt")}, T("f32", {4, 8, 48}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(1, 32, 48, 64));
+  EXPECT_EQ(m->attrs.at("layout_b"), "col");
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, MatmulBatchedWithTransposedB) {
+  GraphBuilder b;
+  b.input("a", T("f32", {5, 32, 64}));
+  b.input("bm", T("f32", {5, 40, 64}));
+  b.call("bt", "aten.transpose.int", {N("bm"), -2, -1}, T("f32", {5, 64, 40}, std::vector<int64_t>{2560, 1, 64}));
+  b.call("mat", "aten.matmul.default", {N("a"), N("bt")}, T("f32", {5, 32, 40}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(5, 32, 40, 64));
+  EXPECT_EQ(m->attrs.at("layout_b"), "col");
+  expect_nothing_dropped(p);
+}
+
+GraphBuilder addmm_graph(const json& kwargs) {
+  GraphBuilder b;
+  b.input("x", T("f32", {32, 64}));
+  b.param("w", T("f32", {48, 64}));
+  b.param("bias", T("f32", {48}));
+  b.call("wt", "aten.t.default", {N("w")}, T("f32", {64, 48}, std::vector<int64_t>{1, 64}));
+  b.call("addmm", "aten.addmm.default", {N("bias"), N("x"), N("wt")}, T("f32", {32, 48}), kwargs);
+  return b;
+}
+
+TEST(RuleGemm, AddmmBiasIsAnEpilogueStep) {
+  const auto p = plan(addmm_graph(json::object()));
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(1, 32, 48, 64));
+  EXPECT_EQ(m->epilogue, Names({"bias"}));
+  EXPECT_EQ(m->epilogue_expr.at("text"), "acc + bias");
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, AddmmAlphaBetaScaleTheProductAndTheBias) {
+  const auto p = plan(addmm_graph({{"beta", 0.5}, {"alpha", 2.0}}));
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(1, 32, 48, 64));
+  EXPECT_EQ(m->epilogue_expr.at("text"), "(acc * 2) + (bias * 0.5)");
+  ASSERT_EQ(m->operands.size(), 3u);
+  EXPECT_EQ(m->operands[2].role, "bias");
+  EXPECT_EQ(m->operands[2].broadcast, "row");
+  expect_nothing_dropped(p);
+}
+
+// The step names are the --json contract (tests/python/test_discover_patterns.py expects
+// ["scale", "scale", "bias"] for this module): the beta-scaled bias add is a bias step.
+TEST(RuleGemm, AddmmAlphaBetaStepNames) {
+  const auto p = plan(addmm_graph({{"beta", 0.5}, {"alpha", 2.0}}));
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"scale", "scale", "bias"}));
+}
+
+TEST(RuleGemm, LinearWithTailIsOnePattern) {
+  GraphBuilder b("bf16");
+  b.input("x", T("bf16", {4, 16, 64}));
+  b.param("w", T("bf16", {48, 64}));
+  b.param("bias", T("bf16", {48}));
+  b.call("lin", "aten.linear.default", {N("x"), N("w"), N("bias")}, T("bf16", {4, 16, 48}));
+  b.call("r", "aten.relu.default", {N("lin")}, T("bf16", {4, 16, 48}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->problem, problem(1, 64, 48, 64));
+  EXPECT_EQ(m->epilogue, Names({"bias", "relu"}));
+  EXPECT_EQ(names(p.g, m->nodes), Names({"lin", "r"}));
+  EXPECT_EQ(p.g.node(m->output).name, "r");
+  EXPECT_EQ(m->attrs.at("layout_b"), "col");
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGemm, MatrixVectorProductIsAMiss) {
+  GraphBuilder b;
+  b.input("a", T("f32", {32, 64}));
+  b.input("v", T("f32", {64}));
+  b.call("mv", "aten.matmul.default", {N("a"), N("v")}, T("f32", {32}));
+  const auto p = plan(b);
+  EXPECT_TRUE(p.d.chosen.empty());
+  EXPECT_TRUE(has_miss(p, "gemm_epilogue", "matrix-vector product"));
+  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"mv"}));
+  expect_nothing_dropped(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// horizontal_gemm
+
+GraphBuilder qkv_graph(const std::string& dt) {
+  GraphBuilder b(dt);
+  b.input("x", T(dt, {16, 64}));
+  const std::vector<std::pair<std::string, int64_t>> parts = {{"q", 64}, {"k", 32}, {"v", 32}};
+  for (const auto& [name, n] : parts) {
+    b.param("w" + name, T(dt, {n, 64}));
+    b.param("b" + name, T(dt, {n}));
+  }
+  for (const auto& [name, n] : parts) {
+    b.call(name, "aten.linear.default", {N("x"), N("w" + name), N("b" + name)}, T(dt, {16, n}));
+  }
+  b.outputs({"q", "k", "v"});
+  return b;
+}
+
+TEST(RuleHorizontal, ThreeLinearsSharingXBecomeOneGemm) {
+  for (const std::string dt : {"f32", "bf16"}) {
+    SCOPED_TRACE(dt);
+    const auto p = plan(qkv_graph(dt));
+    const auto* m = only(p, Family::horizontal_gemm);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->rule, "horizontal_gemm");
+    EXPECT_EQ(p.g.node(m->root).name, "q");  // anchored at the first
+    EXPECT_EQ(names(p.g, m->nodes), Names({"q", "k", "v"}));
+    EXPECT_EQ(m->problem.at("m"), 16);
+    EXPECT_EQ(m->problem.at("k"), 64);
+    EXPECT_EQ(m->problem.at("n"), 128);
+    EXPECT_EQ(m->problem.at("n_parts"), json::array({64, 32, 32}));
+    EXPECT_EQ(m->epilogue, Names({"bias"}));
+    EXPECT_EQ(m->attrs.at("parts"), json::array({"q", "k", "v"}));
+    EXPECT_EQ(m->attrs.at("dtype_a"), dt);
+    EXPECT_TRUE(chosen_of(p, Family::gemm).empty());
+    EXPECT_TRUE(has_miss(p, "horizontal_gemm", "anchored at the group's first GEMM"));
+    EXPECT_EQ(p.d.rule_hits.at("horizontal_gemm"), 1);
+    EXPECT_EQ(p.d.rule_hits.at("gemm_epilogue"), 3);
+    expect_nothing_dropped(p);
+  }
+}
+
+TEST(RuleHorizontal, GemmsReadingDifferentInputsDoNotGroup) {
+  GraphBuilder b;
+  b.input("x", T("f32", {16, 64}));
+  b.input("x2", T("f32", {16, 32}));
+  b.param("w1", T("f32", {8, 64}));
+  b.param("w2", T("f32", {8, 32}));
+  b.call("l1", "aten.linear.default", {N("x"), N("w1")}, T("f32", {16, 8}));
+  b.call("l2", "aten.linear.default", {N("x2"), N("w2")}, T("f32", {16, 8}));
+  b.outputs({"l1", "l2"});
+  const auto p = plan(b);
+  EXPECT_TRUE(chosen_of(p, Family::horizontal_gemm).empty());
+  EXPECT_EQ(chosen_of(p, Family::gemm).size(), 2u);
+  EXPECT_TRUE(has_miss(p, "horizontal_gemm", "no other GEMM reads 'x'"));
+  expect_nothing_dropped(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gated_mlp
+
+void expect_gated(const Planned& p, const std::string& act) {
+  const auto* m = only(p, Family::gated_mlp);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "gated_mlp");
+  EXPECT_EQ(m->epilogue, Names({act, "mul"}));
+  EXPECT_EQ(m->problem, problem(1, 16, 96, 64));
+  EXPECT_EQ(m->attrs.at("activation"), act);
+  EXPECT_EQ(m->attrs.at("gate"), "h1");
+  EXPECT_EQ(m->attrs.at("up"), "h3");
+  EXPECT_EQ(p.g.node(m->output).name, "out");
+  ASSERT_EQ(m->operands.size(), 3u);
+  EXPECT_EQ(p.g.node(m->operands[1].node).name, "w1");
+  EXPECT_EQ(p.g.node(m->operands[2].node).name, "w3");
+  EXPECT_EQ(p.d.chosen.size(), 1u);
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleGatedMlp, SiluGateTimesUp) {
+  const auto p = plan(gated_mlp_graph("f32", "silu"));
+  expect_gated(p, "silu");
+  EXPECT_EQ(names(p.g, p.d.chosen[0].match.nodes), Names({"h1", "a", "h3", "out"}));
+}
+
+TEST(RuleGatedMlp, FactorsSwapped) { expect_gated(plan(gated_mlp_graph("f32", "silu", true)), "silu"); }
+
+TEST(RuleGatedMlp, Bf16) { expect_gated(plan(gated_mlp_graph("bf16", "silu")), "silu"); }
+
+TEST(RuleGatedMlp, HandWrittenSilu) {
+  const auto p = plan(gated_mlp_graph("f32", "silu_by_hand"));
+  expect_gated(p, "silu");
+  EXPECT_EQ(names(p.g, p.d.chosen[0].match.nodes), Names({"h1", "sg", "a", "h3", "out"}));
+}
+
+TEST(RuleGatedMlp, GeluGate) { expect_gated(plan(gated_mlp_graph("f32", "gelu")), "gelu_erf"); }
+
+TEST(RuleGatedMlp, UpProjectionUsedElsewhereIsAMiss) {
+  auto b = gated_mlp_graph();
+  b.outputs({"out", "h3"});
+  const auto p = plan(b);
+  EXPECT_TRUE(chosen_of(p, Family::gated_mlp).empty());
+  EXPECT_TRUE(has_miss(p, "gated_mlp", "'h3' is also used outside the product"));
+  expect_nothing_dropped(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+void expect_attention_problem(const discover::Match& m, int64_t heads, int64_t kv_heads) {
+  EXPECT_EQ(m.problem.at("batch"), 2);
+  EXPECT_EQ(m.problem.at("heads"), heads);
+  EXPECT_EQ(m.problem.at("kv_heads"), kv_heads);
+  EXPECT_EQ(m.problem.at("seq_q"), 16);
+  EXPECT_EQ(m.problem.at("seq_k"), 16);
+  EXPECT_EQ(m.problem.at("head_dim"), 8);
+  EXPECT_EQ(m.problem.at("head_dim_v"), 8);
+}
+
+TEST(RuleAttention, HandWrittenWithTrilBufferMask) {
+  const auto p = plan(attention_graph("tril"));
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "attention_handwritten");
+  EXPECT_EQ(p.g.node(m->root).name, "sm");
+  EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
+  expect_attention_problem(*m, 4, 4);
+  EXPECT_EQ(m->attrs.at("causal"), true);
+  EXPECT_NEAR(m->attrs.at("scale").get<double>(), 1.0 / std::sqrt(8.0), 1e-12);
+  EXPECT_EQ(m->attrs.at("softmax_dtype"), "f32");
+  EXPECT_EQ(m->attrs.at("q_source"), "q");
+  EXPECT_EQ(m->attrs.at("k_source"), "k");
+  EXPECT_EQ(m->attrs.at("v_source"), "v");
+  EXPECT_EQ(m->attrs.at("k_strides"), json::array({512, 128, 8, 1}));  // K's own layout, not K^T's
+  EXPECT_EQ(m->attrs.at("out_layout"), "bhsd");
+  EXPECT_EQ(names(p.g, m->nodes), Names({"kt", "s", "sc", "eqm", "mf", "sm", "o"}));
+  EXPECT_EQ(p.g.node(m->output).name, "o");
+  EXPECT_EQ(p.d.chosen.size(), 1u);
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, HandWrittenWithAdditiveTriuMask) {
+  const auto p = plan(attention_graph("additive", -1, "bf16"));
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
+  EXPECT_EQ(m->attrs.at("causal"), true);
+  EXPECT_EQ(m->attrs.at("dtype"), "bf16");
+  expect_attention_problem(*m, 4, 4);
+  // The mask's full and triu are computed inside the kernel: absorbed.
+  EXPECT_EQ(names(p.g, m->nodes), Names({"kt", "s", "sc", "full", "tu", "mf", "sm", "o"}));
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, WhereWithTrilBufferAndScaleOnQ) {
+  GraphBuilder b;
+  const json qkv = T("f32", {2, 4, 16, 8});
+  const json scores = T("f32", {2, 4, 16, 16});
+  b.input("q", qkv);
+  b.input("k", qkv);
+  b.input("v", qkv);
+  b.buffer("tril", T("bool", {16, 16}), {{"tril", true}});
+  b.call("qs", "aten.div.Tensor", {N("q"), std::sqrt(8.0)}, qkv);
+  b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
+  b.call("s", "aten.matmul.default", {N("qs"), N("kt")}, scores);
+  b.call("w", "aten.where.ScalarOther", {N("tril"), N("s"), Float("-inf")}, scores);
+  b.call("sm", "aten._softmax.default", {N("w"), -1, false}, scores);
+  b.call("o", "aten.matmul.default", {N("sm"), N("v")}, qkv);
+  const auto p = plan(b);
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
+  EXPECT_NEAR(m->attrs.at("scale").get<double>(), 1.0 / std::sqrt(8.0), 1e-12);
+  EXPECT_EQ(m->attrs.at("q_source"), "q");
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, SdpaCausalWithGqaThroughUnsqueezeExpandReshape) {
+  GraphBuilder b("bf16");
+  b.input("q", T("bf16", {2, 8, 16, 8}));
+  b.input("k", T("bf16", {2, 2, 16, 8}));
+  b.input("v", T("bf16", {2, 2, 16, 8}));
+  for (const std::string t : {"k", "v"}) {
+    b.call(t + "1", "aten.unsqueeze.default", {N(t), 2}, T("bf16", {2, 2, 1, 16, 8}, std::vector<int64_t>{256, 128, 128, 8, 1}));
+    b.call(t + "2", "aten.expand.default", {N(t + "1"), L({2, 2, 4, 16, 8})},
+           T("bf16", {2, 2, 4, 16, 8}, std::vector<int64_t>{256, 128, 0, 8, 1}));
+    b.call(t + "3", "aten.reshape.default", {N(t + "2"), L({2, 8, 16, 8})}, T("bf16", {2, 8, 16, 8}));
+  }
+  b.call("at", "aten.scaled_dot_product_attention.default", {N("q"), N("k3"), N("v3")}, T("bf16", {2, 8, 16, 8}),
+         {{"is_causal", true}});
+  b.call("ot", "aten.transpose.int", {N("at"), 1, 2}, T("bf16", {2, 16, 8, 8}, std::vector<int64_t>{1024, 8, 128, 1}));
+  b.call("o", "aten.reshape.default", {N("ot"), L({2, 16, 64})}, T("bf16", {2, 16, 64}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "attention_sdpa");
+  EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
+  expect_attention_problem(*m, 8, 2);
+  EXPECT_EQ(m->attrs.at("causal"), true);
+  EXPECT_NEAR(m->attrs.at("scale").get<double>(), 1.0 / std::sqrt(8.0), 1e-12);
+  EXPECT_EQ(m->attrs.at("k_source"), "k");
+  EXPECT_EQ(m->attrs.at("v_source"), "v");
+  EXPECT_EQ(m->attrs.at("out_layout"), "bs(hd)");
+  EXPECT_EQ(p.g.node(m->output).name, "o");
+  EXPECT_EQ(names(p.g, m->nodes), Names({"k1", "k2", "k3", "v1", "v2", "v3", "at", "ot", "o"}));
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, SdpaExplicitScaleAndNoMask) {
+  GraphBuilder b;
+  const json t = T("f32", {2, 4, 16, 8});
+  b.input("q", t);
+  b.input("k", t);
+  b.input("v", t);
+  b.call("at", "aten.scaled_dot_product_attention.default", {N("q"), N("k"), N("v")}, t, {{"scale", 0.125}});
+  const auto p = plan(b);
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"scale", "softmax"}));
+  EXPECT_EQ(m->attrs.at("causal"), false);
+  EXPECT_DOUBLE_EQ(m->attrs.at("scale").get<double>(), 0.125);
+  expect_attention_problem(*m, 4, 4);
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, SdpaWithDropoutIsAMiss) {
+  GraphBuilder b;
+  const json t = T("f32", {2, 4, 16, 8});
+  b.input("q", t);
+  b.input("k", t);
+  b.input("v", t);
+  b.call("at", "aten.scaled_dot_product_attention.default", {N("q"), N("k"), N("v"), None, 0.1}, t);
+  const auto p = plan(b);
+  EXPECT_TRUE(p.d.chosen.empty());
+  EXPECT_TRUE(has_miss(p, "attention_sdpa", "dropout_p > 0"));
+  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"at"}));
+}
+
+TEST(RuleAttention, SoftmaxOverAnotherDimIsAMiss) {
+  const auto p = plan(attention_graph("tril", 1));
+  EXPECT_TRUE(chosen_of(p, Family::attention).empty());
+  EXPECT_EQ(p.d.rule_hits.count("attention_handwritten"), 0u);
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "softmax is not over the last dim"));
+  // The two products still run as GEMMs; the mask and the softmax stay in PyTorch.
+  EXPECT_EQ(chosen_of(p, Family::gemm).size(), 2u);
+  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"eqm", "mf", "sm"}));
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, ProbabilitiesUsedElsewhereIsAMiss) {
+  auto b = attention_graph("tril");
+  b.outputs({"o", "sm"});
+  const auto p = plan(b);
+  EXPECT_TRUE(chosen_of(p, Family::attention).empty());
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "probabilities are also used elsewhere"));
+  expect_nothing_dropped(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// norms
+
+TEST(RuleNorm, LayerNormOp) {
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 8, 64}));
+  b.param("w", T("f32", {64}));
+  b.param("bias", T("f32", {64}));
+  b.call("ln", "aten.layer_norm.default", {N("x"), L({64}), N("w"), N("bias"), 1e-5}, T("f32", {4, 8, 64}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "norm");
+  EXPECT_EQ(m->attrs.at("kind"), "layer_norm");
+  EXPECT_DOUBLE_EQ(m->attrs.at("eps").get<double>(), 1e-5);
+  EXPECT_EQ(m->epilogue, Names({"weight", "bias"}));
+  EXPECT_EQ(m->problem, json({{"rows", 32}, {"cols", 64}}));
+  EXPECT_EQ(names(p.g, m->nodes), Names({"ln"}));
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleNorm, LayerNormWithoutAffine) {
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 8, 64}));
+  b.call("ln", "aten.layer_norm.default", {N("x"), L({64}), None, None, 1e-6}, T("f32", {4, 8, 64}));
+  const auto p = plan(b);
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(m->epilogue.empty());
+  EXPECT_DOUBLE_EQ(m->attrs.at("eps").get<double>(), 1e-6);
+}
+
+TEST(RuleNorm, LayerNormOverTwoDimsIsAMiss) {
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 8, 64}));
+  b.call("ln", "aten.layer_norm.default", {N("x"), L({8, 64})}, T("f32", {4, 8, 64}));
+  const auto p = plan(b);
+  EXPECT_TRUE(p.d.chosen.empty());
+  EXPECT_TRUE(has_miss(p, "norm", "only normalisation over the last dim"));
+  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"ln"}));
+}
+
+// Llama's RMSNorm: weight * (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim) + eps)).type_as(x)
+GraphBuilder llama_rms_norm_graph() {
+  GraphBuilder b("bf16");
+  const json f = T("f32", {4, 8, 64});
+  b.input("x", T("bf16", {4, 8, 64}));
+  b.param("w", T("bf16", {64}));
+  b.call("xf", "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
+  b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
+  b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
+  b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
+  b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
+  b.call("y", "aten.mul.Tensor", {N("xf"), N("r")}, f);
+  b.call("yt", "aten.type_as.default", {N("y"), N("x")}, T("bf16", {4, 8, 64}));
+  b.call("out", "aten.mul.Tensor", {N("w"), N("yt")}, T("bf16", {4, 8, 64}));
+  return b;
+}
+
+TEST(RuleNorm, HandWrittenRmsNorm) {
+  const auto p = plan(llama_rms_norm_graph());
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "rms_norm_handwritten");
+  EXPECT_EQ(p.g.node(m->root).name, "m");
+  EXPECT_EQ(m->attrs.at("kind"), "rms_norm");
+  EXPECT_DOUBLE_EQ(m->attrs.at("eps").get<double>(), 1e-6);
+  EXPECT_EQ(m->attrs.at("dtype_in"), "bf16");
+  EXPECT_EQ(m->attrs.at("dtype_out"), "bf16");
+  EXPECT_EQ(m->epilogue, Names({"weight"}));
+  EXPECT_EQ(m->problem, json({{"rows", 32}, {"cols", 64}}));
+  EXPECT_EQ(names(p.g, m->nodes), Names({"xf", "p", "m", "a", "r", "y", "yt", "out"}));
+  EXPECT_EQ(p.g.node(m->output).name, "out");
+  ASSERT_EQ(m->operands.size(), 2u);
+  EXPECT_EQ(p.g.node(m->operands[0].node).name, "x");
+  EXPECT_EQ(p.g.node(m->operands[1].node).name, "w");
+  EXPECT_EQ(p.d.chosen.size(), 1u);
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
+  GraphBuilder b;
+  const json t = T("f32", {4, 8, 64});
+  const json r = T("f32", {4, 8, 1});
+  b.input("x", t);
+  b.call("sq", "aten.mul.Tensor", {N("x"), N("x")}, t);
+  b.call("m", "aten.mean.dim", {N("sq"), L({2}), true}, r);
+  b.call("a", "aten.add.Tensor", {N("m"), 1e-5}, r);
+  b.call("s", "aten.sqrt.default", {N("a")}, r);
+  b.call("y", "aten.div.Tensor", {N("x"), N("s")}, t);
+  const auto p = plan(b);
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(m->epilogue.empty());
+  EXPECT_EQ(names(p.g, m->nodes), Names({"sq", "m", "a", "s", "y"}));
+  EXPECT_DOUBLE_EQ(m->attrs.at("eps").get<double>(), 1e-5);
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleNorm, MeanWithoutKeepdimIsAMiss) {
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 64}));
+  b.call("p", "aten.pow.Tensor_Scalar", {N("x"), 2}, T("f32", {4, 64}));
+  b.call("m", "aten.mean.dim", {N("p"), L({-1})}, T("f32", {4}));
+  const auto p = plan(b);
+  EXPECT_TRUE(p.d.chosen.empty());
+  EXPECT_TRUE(has_miss(p, "rms_norm_handwritten", "keepdim=True"));
+  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"p", "m"}));
+}
+
+// ENGINE BUG, disabled until fixed: match_rms_norm_handwritten (engine/discover/rule_norm.cpp)
+// puts the square, the mean, the + eps and the rsqrt into the pattern without checking that
+// nothing else reads them: only_user() counts call users but ignores graph outputs, and the
+// square's users are never looked at. The fused norm then swallows a value the program needs.
+GraphBuilder rms_norm_graph_with_extra_reader(const std::string& what) {
+  GraphBuilder b;
+  const json t = T("f32", {4, 64});
+  const json r = T("f32", {4, 1});
+  b.input("x", t);
+  b.call("sq", "aten.pow.Tensor_Scalar", {N("x"), 2}, t);
+  b.call("m", "aten.mean.dim", {N("sq"), L({-1}), true}, r);
+  b.call("a", "aten.add.Tensor", {N("m"), 1e-5}, r);
+  b.call("rs", "aten.rsqrt.default", {N("a")}, r);
+  b.call("y", "aten.mul.Tensor", {N("x"), N("rs")}, t);
+  if (what == "sum_of_square") {
+    b.call("total", "aten.sum.default", {N("sq")}, T("f32", {}));
+    b.outputs({"y", "total"});
+  } else {
+    b.outputs({"y", what});  // an intermediate is also returned
+  }
+  return b;
+}
+
+TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowASquareReadElsewhere) {
+  const auto p = plan(rms_norm_graph_with_extra_reader("sum_of_square"));
+  expect_no_escaping_values(p);  // today: the norm covers 'sq', which 'total' still reads
+}
+
+TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowASquareThatIsReturned) {
+  const auto p = plan(rms_norm_graph_with_extra_reader("sq"));
+  expect_no_escaping_values(p);  // today: the norm covers graph output 'sq'
+}
+
+TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowAMeanThatIsReturned) {
+  const auto p = plan(rms_norm_graph_with_extra_reader("m"));
+  expect_no_escaping_values(p);  // today: the norm covers graph output 'm'
+}
+
+// ENGINE BUG, disabled until fixed: match_gated_mlp (engine/discover/rule_gated_mlp.cpp) with
+// activation_between (engine/discover/epilogue.cpp) checks the users of every activation node
+// except the activation's output itself, so act(x @ W1) is fused away even when it is also
+// returned or read by another node.
+TEST(RuleGatedMlp, ActivationThatIsAlsoReturnedIsNotSwallowed) {
+  auto b = gated_mlp_graph("f32", "silu");
+  b.outputs({"out", "a"});
+  const auto p = plan(b);
+  expect_no_escaping_values(p);  // today: gated_mlp covers graph output 'a'
+}
+
+TEST(RuleGatedMlp, HandWrittenActivationReadElsewhereIsNotSwallowed) {
+  auto b = gated_mlp_graph("f32", "silu_by_hand");
+  b.call("other", "aten.sum.default", {N("a")}, T("f32", {}));
+  b.outputs({"out", "other"});
+  const auto p = plan(b);
+  expect_no_escaping_values(p);  // today: gated_mlp covers 'a', which 'other' still reads
+}
+
+// ---------------------------------------------------------------------------------------------
+// A whole block from a file
+
+TEST(RulesOnAFile, MlpBlockPlansNormGeluGemmAndResidualGemm) {
+  Planned p{ir::load_graph_file(std::string(FACT_TEST_DATA) + "/mlp_block.json"), {}};
+  const discover::CostModel cost(discover::hardware("sm90", ""), p.g.precision);
+  p.d = discover::discover(p.g, cost);
+  ASSERT_EQ(p.d.chosen.size(), 3u);
+  const auto* norm = only(p, Family::norm);
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(norm->epilogue, Names({"weight", "bias"}));
+  std::vector<Names> gemm_steps;
+  for (const auto* c : chosen_of(p, Family::gemm)) gemm_steps.push_back(c->match.epilogue);
+  std::sort(gemm_steps.begin(), gemm_steps.end());
+  EXPECT_EQ(gemm_steps, (std::vector<Names>{{"bias", "gelu_tanh"}, {"bias", "residual"}}));
+  for (size_t i = 1; i < p.d.chosen.size(); ++i) {
+    EXPECT_GE(p.d.chosen[i - 1].saving_s(), p.d.chosen[i].saving_s());  // best first
+  }
+  EXPECT_TRUE(p.d.uncovered.empty());
+  EXPECT_GT(p.d.total_saving_s, 0);
+  expect_nothing_dropped(p);
+}
+
+}  // namespace
+}  // namespace fact::test
