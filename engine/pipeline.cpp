@@ -1,6 +1,15 @@
 #include "pipeline.h"
 
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
 #include "discover/catalog.h"
+#include "ir/error.h"
+#include "realize/candidates.h"
+#include "realize/compile.h"
+#include "realize/emit.h"
 #include "ir/json_io.h"
 #include "realize/config_space.h"
 #include "registry/registry.h"
@@ -113,6 +122,141 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
               {"est_eager_us", d.total_unfused.seconds * 1e6},
               {"est_saving_us", d.total_saving_s * 1e6},
               {"est_after_us", (d.total_unfused.seconds - d.total_saving_s) * 1e6}}}};
+  return r;
+}
+
+namespace {
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw UserError("cannot write " + path.string());
+}
+
+std::string results_table(const json& manifest) {
+  std::ostringstream os;
+  os << "| pattern | family | kernel | status | detail |\n| --- | --- | --- | --- | --- |\n";
+  for (const auto& e : manifest) {
+    os << "| " << e["pattern_index"] << " | " << e["family"].get<std::string>() << " | "
+       << e.value("kernel", std::string("-")) << " | " << e["status"].get<std::string>() << " | "
+       << e.value("detail", std::string()) << " |\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+RealizeResult run_realize(const RealizeOptions& opt) {
+  namespace fs = std::filesystem;
+  RealizeResult r;
+  // 1. Discover (the plan), exactly as `fact discover` would.
+  auto d = run_discover(opt.discover);
+  r.plan = d.plan;
+  const fs::path run(opt.run_dir);
+  fs::create_directories(run / "src");
+  fs::create_directories(run / "lib");
+  fs::create_directories(run / "candidates");
+  write_text(run / "plan.json", r.plan.dump(2));
+  const auto reg = registry::Registry::open_readonly(r.plan["registry"]["path"].get<std::string>());
+  // 2. Per GEMM-family pattern: ranked configs, then one emitted source per config.
+  struct Pending {
+    size_t pattern;
+    std::string kernel;
+    json config;
+  };
+  std::vector<realize::CompileJob> jobs;
+  std::vector<Pending> pending;
+  std::set<std::string> seen;
+  r.manifest = json::array();
+  for (size_t i = 0; i < d.discovery.chosen.size(); ++i) {
+    const auto& match = d.discovery.chosen[i].match;
+    const auto& pattern = r.plan["patterns"][i];
+    json base = {{"pattern_index", i}, {"family", pattern["family"]}, {"signature", pattern["signature"]}};
+    if (!realize::supports_candidates(match, opt.discover.arch)) {
+      base["status"] = "not_supported";
+      base["detail"] = std::string("no kernel family for ") + discover::family_name(match.family) + " on " +
+                       opt.discover.arch + " yet";
+      r.manifest.push_back(base);
+      ++r.not_supported;
+      continue;
+    }
+    realize::Candidates cands;
+    realize::GemmSpec spec;
+    try {
+      spec = realize::GemmSpec::from_pattern(pattern);
+      realize::CandidateOptions copt;
+      copt.arch = opt.discover.arch;
+      copt.top_n = opt.candidates;
+      copt.precision = r.plan["float32_matmul_precision"];
+      copt.registry = reg ? &*reg : nullptr;
+      cands = realize::candidates(match, copt);
+    } catch (const realize::NotSupported& e) {
+      base["status"] = "not_supported";
+      base["detail"] = e.what();
+      r.manifest.push_back(base);
+      ++r.not_supported;
+      continue;
+    }
+    write_text(run / "candidates" / ("pattern-" + std::to_string(i) + ".json"), realize::candidates_json(cands).dump(2));
+    for (const auto& ranked : cands.ranked) {
+      json entry = base;
+      entry["config"] = ranked.config.to_json();
+      try {
+        auto k = realize::emit_gemm_sm90(spec, ranked.config);
+        entry["kernel"] = k.name;
+        pending.push_back({i, k.name, entry["config"]});
+        if (seen.insert(k.name).second) {
+          write_text(run / "src" / (k.name + ".cu"), k.source);
+          jobs.push_back({k.name, std::move(k.source)});
+        }
+      } catch (const realize::NotSupported& e) {
+        entry["status"] = "not_supported";
+        entry["detail"] = e.what();
+        r.manifest.push_back(entry);
+        ++r.not_supported;
+      }
+    }
+  }
+  write_text(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
+  // 3. Compile what the cache does not hold yet, in parallel.
+  realize::CompileOptions copt;
+  copt.cutlass_dir = opt.cutlass_dir;
+  copt.nvcc = opt.nvcc;
+  copt.cache_dir = opt.cache_dir;
+  copt.arch = opt.discover.arch;
+  copt.jobs = opt.jobs;
+  copt.quiet = opt.quiet;
+  if (!opt.quiet && !jobs.empty()) std::cerr << "compiling " << jobs.size() << " kernels for " << opt.discover.arch << "\n";
+  const auto results = jobs.empty() ? std::vector<realize::CompileResult>{} : realize::compile_all(jobs, copt);
+  std::map<std::string, const realize::CompileResult*> by_name;
+  for (const auto& res : results) {
+    by_name[res.name] = &res;
+    if (res.ok) {
+      fs::copy_file(res.library, run / "lib" / (res.name + ".so"), fs::copy_options::overwrite_existing);
+      ++(res.cached ? r.cached : r.compiled);
+    } else {
+      ++r.failed;
+    }
+  }
+  // 4. The manifest: one row per (pattern, kernel), libraries relative to the run directory.
+  for (const auto& p : pending) {
+    const auto* res = by_name.at(p.kernel);
+    json entry = {{"pattern_index", p.pattern},
+                  {"family", r.plan["patterns"][p.pattern]["family"]},
+                  {"signature", r.plan["patterns"][p.pattern]["signature"]},
+                  {"kernel", p.kernel},
+                  {"config", p.config},
+                  {"cache_key", res->key},
+                  {"status", res->ok ? (res->cached ? "cached" : "compiled") : "compile_error"}};
+    if (res->ok) entry["library"] = "lib/" + p.kernel + ".so";
+    if (!res->ok) {
+      entry["detail"] = res->error;
+      entry["log"] = res->log;
+    }
+    r.manifest.push_back(entry);
+  }
+  write_text(run / "manifest.json", r.manifest.dump(2));
+  write_text(run / "results.md", results_table(r.manifest));
   return r;
 }
 

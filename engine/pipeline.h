@@ -28,4 +28,25 @@ struct DiscoverResult {
 
 DiscoverResult run_discover(const DiscoverOptions& opt);
 
+struct RealizeOptions {
+  DiscoverOptions discover;
+  std::string run_dir;        // where sources, logs, the manifest and the results table go
+  size_t candidates = 8;      // configs compiled per pattern (`--candidates N`)
+  std::string cutlass_dir;    // empty: $CUTLASS_DIR
+  std::string nvcc = "nvcc";
+  std::string cache_dir;      // empty: realize::default_cache_dir()
+  int jobs = 0;               // parallel nvcc processes; 0: one per core
+  bool quiet = false;
+};
+
+struct RealizeResult {
+  nlohmann::json plan;
+  nlohmann::json manifest;  // one entry per (pattern, kernel): config, library, status, log
+  int compiled = 0, cached = 0, failed = 0, not_supported = 0;
+};
+
+// Stage 2 without the GPU: for every GEMM-family pattern of the plan, rank configs, emit one .cu
+// each, compile them in parallel into the kernel cache, and lay out a run directory.
+RealizeResult run_realize(const RealizeOptions& opt);
+
 }  // namespace fact

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "cli/registry_cmd.h"
 #include "discover/explain.h"
 #include "ir/error.h"
 #include "ir/json_io.h"
@@ -33,10 +34,25 @@ int run(int argc, char** argv) {
   auto* explain = app.add_subcommand("explain", "why a node is, or is not, covered by a pattern");
   add_common(explain);
   explain->add_option("--node", node, "node name, as in `fact-engine print`")->required();
+  fact::RealizeOptions ropt;
+  auto* realize = app.add_subcommand("realize", "emit and compile CUTLASS kernels for a graph's plan (no GPU)");
+  realize->add_option("graph", ropt.discover.graph_path, "FACT graph JSON")->required();
+  realize->add_option("--out", ropt.run_dir, "run directory (sources, logs, manifest)")->required();
+  realize->add_option("--arch", ropt.discover.arch, "target")->check(CLI::IsMember({"sm90"}));
+  realize->add_option("--registry", ropt.discover.registry_path, "pattern registry (SQLite)");
+  realize->add_option("--candidates", ropt.candidates, "configs compiled per pattern")->check(CLI::PositiveNumber);
+  realize->add_option("--cutlass-dir", ropt.cutlass_dir, "CUTLASS source tree (default: $CUTLASS_DIR)");
+  realize->add_option("--nvcc", ropt.nvcc, "nvcc to use");
+  realize->add_option("--cache-dir", ropt.cache_dir, "kernel cache (default: ~/.cache/fact/kernels)");
+  realize->add_option("--jobs", ropt.jobs, "parallel compiles (default: one per core)");
+  realize->add_flag("--quiet", ropt.quiet, "no progress lines");
+  realize->add_flag("--json", json_out, "print the manifest as JSON");
   auto* validate = app.add_subcommand("validate", "load and validate a graph");
   validate->add_option("graph", opt.graph_path)->required();
   auto* print = app.add_subcommand("print", "print a graph, one node a line");
   print->add_option("graph", opt.graph_path)->required();
+  fact::cli::RegistryCommand registry_cmd;
+  auto* registry = fact::cli::add_registry_command(app, registry_cmd);
 
   try {
     app.parse(argc, argv);
@@ -45,6 +61,7 @@ int run(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
 
+  if (*registry) return fact::cli::run_registry_command(registry_cmd, std::cout);
   if (*validate) {
     const auto g = fact::ir::load_graph_file(opt.graph_path);
     std::cout << opt.graph_path << ": ok, " << g.size() << " nodes\n";
@@ -53,6 +70,22 @@ int run(int argc, char** argv) {
   if (*print) {
     fact::ir::print_graph(fact::ir::load_graph_file(opt.graph_path), std::cout);
     return 0;
+  }
+  if (*realize) {
+    const auto r = fact::run_realize(ropt);
+    if (json_out) {
+      std::cout << r.manifest.dump(2) << "\n";
+    } else {
+      std::cout << "realized into " << ropt.run_dir << ": " << r.compiled << " compiled, " << r.cached
+                << " from the cache, " << r.failed << " failed, " << r.not_supported << " not supported\n";
+      for (const auto& e : r.manifest) {
+        std::cout << "  #" << e["pattern_index"] << " " << e["family"].get<std::string>() << "  "
+                  << e.value("kernel", std::string("-")) << "  " << e["status"].get<std::string>();
+        if (e.contains("detail")) std::cout << ": " << e["detail"].get<std::string>();
+        std::cout << "\n";
+      }
+    }
+    return 0;  // failed compiles are results (status compile_error in the manifest), not errors
   }
   const auto result = fact::run_discover(opt);
   if (*discover) {

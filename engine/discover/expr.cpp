@@ -205,7 +205,15 @@ nlohmann::json ExprGraph::to_json() const {
       case Expr::Kind::fn:
         j["op"] = e.fn;
         j["args"] = e.args;
-        if (!e.params.empty()) j["params"] = e.params;
+        if (!e.params.empty()) {
+          // JSON has no infinity: non-finite params are spelt as strings, like constants.
+          auto params = nlohmann::json::array();
+          for (double v : e.params) {
+            params.push_back(std::isfinite(v) ? nlohmann::json(v)
+                                              : nlohmann::json(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"));
+          }
+          j["params"] = params;
+        }
         if (!e.dtype.empty()) j["dtype"] = e.dtype;
         break;
     }

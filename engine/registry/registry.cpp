@@ -37,6 +37,7 @@ struct Stmt {
   Stmt& operator=(const Stmt&) = delete;
   void bind(int i, const std::string& v) { sqlite3_bind_text(s, i, v.c_str(), -1, SQLITE_TRANSIENT); }
   void bind(int i, double v) { sqlite3_bind_double(s, i, v); }
+  void bind_int(int i, int64_t v) { sqlite3_bind_int64(s, i, v); }
   std::string text(int i) const {
     const auto* t = sqlite3_column_text(s, i);
     return t ? reinterpret_cast<const char*>(t) : "";
@@ -56,7 +57,119 @@ double distance(const nlohmann::json& a, const nlohmann::json& b) {
   return shared ? d : INFINITY;
 }
 
+// The columns an Entry is read from, in this order.
+constexpr const char* kEntryColumns =
+    "id, signature, arch, problem, config, time_us, error, disposition, provenance, created";
+
+Entry read_entry(const Stmt& q) {
+  Entry e;
+  e.id = sqlite3_column_int64(q.s, 0);
+  e.row.signature = q.text(1);
+  e.row.arch = q.text(2);
+  // A cell that is not JSON (hand-edited file) comes back as a string rather than failing the
+  // whole listing: `show` and `export` then display what is really there.
+  e.row.problem = nlohmann::json::parse(q.text(3), nullptr, false);
+  if (e.row.problem.is_discarded()) e.row.problem = q.text(3);
+  e.row.config = nlohmann::json::parse(q.text(4), nullptr, false);
+  if (e.row.config.is_discarded()) e.row.config = q.text(4);
+  e.row.time_us = sqlite3_column_double(q.s, 5);
+  e.row.error = sqlite3_column_double(q.s, 6);
+  e.row.disposition = q.text(7);
+  e.row.provenance = q.text(8);
+  e.created = q.text(9);
+  return e;
+}
+
+// Writes one row; the caller holds the transaction. `created` empty: now.
+void insert_row(sqlite3* db, const std::string& path, const Row& row, const std::string& created) {
+  Stmt q(db, path,
+         "INSERT INTO results(signature, arch, problem, config, time_us, error, disposition, provenance, created)"
+         " VALUES(?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, datetime('now')))");
+  q.bind(1, row.signature);
+  q.bind(2, row.arch);
+  q.bind(3, row.problem.dump());
+  q.bind(4, row.config.dump());
+  q.bind(5, row.time_us);
+  q.bind(6, row.error);
+  q.bind(7, row.disposition);
+  q.bind(8, row.provenance);
+  if (!created.empty()) q.bind(9, created);  // unbound parameters are NULL
+  if (sqlite3_step(q.s) != SQLITE_DONE) fail(db, path, "insert failed");
+}
+
+const std::vector<std::string>& dispositions() {
+  static const std::vector<std::string> v = {"passed", "incorrect", "fault", "compile_error", "not_supported"};
+  return v;
+}
+const std::vector<std::string>& provenances() {
+  static const std::vector<std::string> v = {"seed", "tuned", "agent"};
+  return v;
+}
+
+std::string one_of(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
 }  // namespace
+
+nlohmann::json Entry::to_json() const {
+  return {{"id", id},
+          {"signature", row.signature},
+          {"arch", row.arch},
+          {"problem", row.problem},
+          {"config", row.config},
+          {"time_us", row.time_us},
+          {"error", row.error},
+          {"disposition", row.disposition},
+          {"provenance", row.provenance},
+          {"created", created}};
+}
+
+Row row_from_json(const nlohmann::json& j, const std::string& where) {
+  auto bad = [&](const std::string& what) -> UserError { return UserError(where + ": " + what); };
+  if (!j.is_object()) throw bad("a row must be a JSON object, got " + std::string(j.type_name()));
+  auto text = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty()) {
+      throw bad(std::string("needs a non-empty string '") + key + "'");
+    }
+    return j[key].get<std::string>();
+  };
+  auto object = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_object()) throw bad(std::string("needs an object '") + key + "'");
+    return j[key];
+  };
+  // Numbers may be null or absent for rows that never produced one (a compile error has no time).
+  auto number = [&](const char* key, bool required) {
+    if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
+    if (required) throw bad(std::string("needs a number '") + key + "'");
+    if (j.contains(key) && !j[key].is_null()) throw bad(std::string("'") + key + "' must be a number or null");
+    return 0.0;
+  };
+  Row r;
+  r.signature = text("signature");
+  r.arch = text("arch");
+  r.problem = object("problem");
+  r.config = object("config");
+  r.disposition = text("disposition");
+  r.provenance = text("provenance");
+  const auto& d = dispositions();
+  if (std::find(d.begin(), d.end(), r.disposition) == d.end()) {
+    throw bad("disposition '" + r.disposition + "' is not one of " + one_of(d));
+  }
+  const auto& p = provenances();
+  if (std::find(p.begin(), p.end(), r.provenance) == p.end()) {
+    throw bad("provenance '" + r.provenance + "' is not one of " + one_of(p));
+  }
+  // A passed row is a measurement: it must say how long it took.
+  r.time_us = number("time_us", r.disposition == "passed");
+  r.error = number("error", false);
+  if (j.contains("created") && !j["created"].is_string() && !j["created"].is_null()) {
+    throw bad("'created' must be a string");
+  }
+  return r;
+}
 
 std::string signature(const discover::Match& m) {
   std::string s = discover::family_name(m.family);
@@ -152,18 +265,7 @@ void Registry::check_schema(bool create) {
 void Registry::insert(const Row& row) {
   exec(db_, path_, "BEGIN IMMEDIATE;");
   try {
-    Stmt q(db_, path_,
-           "INSERT INTO results(signature, arch, problem, config, time_us, error, disposition, provenance)"
-           " VALUES(?, ?, ?, ?, ?, ?, ?, ?)");
-    q.bind(1, row.signature);
-    q.bind(2, row.arch);
-    q.bind(3, row.problem.dump());
-    q.bind(4, row.config.dump());
-    q.bind(5, row.time_us);
-    q.bind(6, row.error);
-    q.bind(7, row.disposition);
-    q.bind(8, row.provenance);
-    if (sqlite3_step(q.s) != SQLITE_DONE) fail(db_, path_, "insert failed");
+    insert_row(db_, path_, row, "");
   } catch (...) {
     sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
     throw;
@@ -204,6 +306,106 @@ std::vector<Hit> Registry::lookup(const std::string& sig, const std::string& arc
 int64_t Registry::count() const {
   Stmt q(db_, path_, "SELECT COUNT(*) FROM results");
   return sqlite3_step(q.s) == SQLITE_ROW ? sqlite3_column_int64(q.s, 0) : 0;
+}
+
+std::vector<Entry> Registry::list(const ListFilter& f) const {
+  // Filters are bound as parameters, never spliced into the SQL text. The signature filter is a
+  // plain substring (instr), so '[' and '_' in signatures need no escaping as with LIKE.
+  std::string sql = std::string("SELECT ") + kEntryColumns + " FROM results WHERE 1";
+  std::vector<std::string> args;
+  if (!f.signature.empty()) {
+    sql += " AND instr(signature, ?) > 0";
+    args.push_back(f.signature);
+  }
+  if (!f.arch.empty()) {
+    sql += " AND arch = ?";
+    args.push_back(f.arch);
+  }
+  if (!f.disposition.empty()) {
+    sql += " AND disposition = ?";
+    args.push_back(f.disposition);
+  }
+  if (!f.provenance.empty()) {
+    sql += " AND provenance = ?";
+    args.push_back(f.provenance);
+  }
+  sql += " ORDER BY id";
+  if (f.limit) sql += " LIMIT " + std::to_string(f.limit);
+  Stmt q(db_, path_, sql.c_str());
+  for (size_t i = 0; i < args.size(); ++i) q.bind(static_cast<int>(i + 1), args[i]);
+  std::vector<Entry> out;
+  int rc;
+  while ((rc = sqlite3_step(q.s)) == SQLITE_ROW) out.push_back(read_entry(q));
+  if (rc != SQLITE_DONE) fail(db_, path_, "list failed");
+  return out;
+}
+
+std::optional<Entry> Registry::get(int64_t id) const {
+  Stmt q(db_, path_, (std::string("SELECT ") + kEntryColumns + " FROM results WHERE id = ?").c_str());
+  q.bind_int(1, id);
+  if (sqlite3_step(q.s) != SQLITE_ROW) return std::nullopt;
+  return read_entry(q);
+}
+
+nlohmann::json Registry::export_json(const nlohmann::json& produced_by) const {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& e : list()) rows.push_back(e.to_json());
+  return {{"fact_registry_export", kExportFormatVersion},
+          {"schema_version", kSchemaVersion},
+          {"produced_by", produced_by},
+          {"rows", rows}};
+}
+
+void check_export(const nlohmann::json& doc, const std::string& source) {
+  if (!doc.is_object() || !doc.contains("fact_registry_export")) {
+    throw UserError(source + ": not a FACT registry export (no \"fact_registry_export\" key; make one with "
+                             "`fact-engine registry export`)");
+  }
+  const auto& version = doc["fact_registry_export"];
+  if (!version.is_number_integer() || version.get<int64_t>() != kExportFormatVersion) {
+    throw UserError(source + ": export format " + version.dump() + " is not supported (this FACT reads " +
+                    std::to_string(kExportFormatVersion) + ")");
+  }
+  if (!doc.contains("rows") || !doc["rows"].is_array()) throw UserError(source + ": needs a \"rows\" list");
+  for (size_t i = 0; i < doc["rows"].size(); ++i) row_from_json(doc["rows"][i], source + ": row " + std::to_string(i + 1));
+}
+
+ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& source) {
+  // Validate everything before writing anything.
+  check_export(doc, source);
+  std::vector<std::pair<Row, std::string>> rows;
+  for (const auto& j : doc["rows"]) {
+    rows.emplace_back(row_from_json(j, source),
+                      j.contains("created") && j["created"].is_string() ? j["created"].get<std::string>() : "");
+  }
+  ImportStats stats;
+  stats.rows = rows.size();
+  exec(db_, path_, "BEGIN IMMEDIATE;");
+  try {
+    for (const auto& [row, created] : rows) {
+      // Duplicates by (signature, arch, problem, config). JSON cells are compared as dump()
+      // text, which nlohmann writes with sorted keys and no spaces: the form insert() stores.
+      Stmt q(db_, path_,
+             "SELECT 1 FROM results WHERE signature = ? AND arch = ? AND problem = ? AND config = ? LIMIT 1");
+      q.bind(1, row.signature);
+      q.bind(2, row.arch);
+      q.bind(3, row.problem.dump());
+      q.bind(4, row.config.dump());
+      const int rc = sqlite3_step(q.s);
+      if (rc == SQLITE_ROW) {
+        ++stats.skipped;
+        continue;
+      }
+      if (rc != SQLITE_DONE) fail(db_, path_, "duplicate check failed");
+      insert_row(db_, path_, row, created);
+      ++stats.inserted;
+    }
+    exec(db_, path_, "COMMIT;");  // inside the try: a failed commit is rolled back too
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+    throw;
+  }
+  return stats;
 }
 
 }  // namespace fact::registry

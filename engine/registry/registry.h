@@ -4,6 +4,17 @@
 // problem sizes. Retrieval is exact first, then nearest problem size (log-distance over the
 // sizes both share), passed rows only. The schema is versioned in the `meta` table; a file of
 // another version is refused by name rather than misread. Stage 1 only reads it; stage 2 writes.
+//
+// Rows travel between machines as an export document (`fact-engine registry export`):
+//
+//   {"fact_registry_export": 1, "schema_version": 1,
+//    "produced_by": {"host": ..., "command": ..., "registry": ..., "date": ...},
+//    "rows": [{"id", "signature", "arch", "problem", "config", "time_us", "error",
+//              "disposition", "provenance", "created"}, ...]}
+//
+// Import validates every row first and inserts them in one transaction (all or nothing); a row
+// whose (signature, arch, problem, config) is already stored is skipped, so importing the same
+// file twice is harmless. "id" is informational: the importing file numbers its own rows.
 #pragma once
 
 #include <memory>
@@ -19,6 +30,7 @@ struct sqlite3;
 namespace fact::registry {
 
 inline constexpr int kSchemaVersion = 1;
+inline constexpr int kExportFormatVersion = 1;
 
 // "gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col"
 std::string signature(const discover::Match& m);
@@ -33,6 +45,35 @@ struct Row {
   std::string disposition = "passed";  // passed | incorrect | fault | compile_error | not_supported
   std::string provenance = "seed";     // seed | tuned | agent
 };
+
+// A stored row with its registry-local id and creation time (UTC, "YYYY-MM-DD HH:MM:SS").
+struct Entry {
+  int64_t id = 0;
+  std::string created;
+  Row row;
+  nlohmann::json to_json() const;  // one row of the export format
+};
+
+// Which rows `list` returns; empty fields match everything.
+struct ListFilter {
+  std::string signature;    // substring of the signature ("gemm[bias" matches all biased GEMMs)
+  std::string arch;         // exact
+  std::string disposition;  // exact
+  std::string provenance;   // exact
+  size_t limit = 0;         // 0: all
+};
+
+struct ImportStats {
+  size_t rows = 0;      // rows in the document
+  size_t inserted = 0;  // new rows written
+  size_t skipped = 0;   // already present by (signature, arch, problem, config)
+};
+
+// A row of an export document, checked: UserError naming `where` ("FILE: row 3") otherwise.
+Row row_from_json(const nlohmann::json& j, const std::string& where);
+// Checks a whole export document (header and every row) without touching any registry;
+// UserError naming `source` otherwise. import_json does the same before it writes.
+void check_export(const nlohmann::json& doc, const std::string& source);
 
 struct Hit {
   Row row;
@@ -58,6 +99,16 @@ class Registry {
                           const nlohmann::json& problem, size_t limit = 3) const;
   int64_t count() const;
   const std::string& path() const { return path_; }
+
+  // Every row (any disposition) matching the filter, in id order.
+  std::vector<Entry> list(const ListFilter& filter = {}) const;
+  // One row by id; nullopt if there is none.
+  std::optional<Entry> get(int64_t id) const;
+  // The whole registry as an export document; `produced_by` becomes its header.
+  nlohmann::json export_json(const nlohmann::json& produced_by = nlohmann::json::object()) const;
+  // Import an export document in one transaction: every row is validated before any is written,
+  // and any failure leaves the registry as it was. `source` names the document in errors.
+  ImportStats import_json(const nlohmann::json& doc, const std::string& source = "import");
 
  private:
   Registry(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

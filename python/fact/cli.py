@@ -80,6 +80,49 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
     explain.set_defaults(run=_explain)
 
+    realize = commands.add_parser(
+        "realize",
+        help="emit and compile CUTLASS kernels for a plan (no GPU needed)",
+        description=(
+            "Plan PROBLEM.py (or GRAPH.json), then emit one CUTLASS source per candidate config of "
+            "each GEMM-family pattern and compile them in parallel into the kernel cache. The run "
+            "directory holds the plan, the sources, the ranked and dropped configs, the compiled "
+            "libraries and a manifest for `fact tune`."
+        ),
+    )
+    _add_target(realize)
+    _add_dtype(realize)
+    realize.add_argument("--out", required=True, type=Path, metavar="RUN_DIR", help="run directory")
+    realize.add_argument(
+        "--candidates", type=int, metavar="N", help="configs per pattern (default 8)"
+    )
+    realize.add_argument("--jobs", type=int, metavar="N", help="parallel compiles (default: cores)")
+    realize.add_argument("--cutlass-dir", metavar="DIR", help="CUTLASS source tree")
+    realize.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    realize.set_defaults(run=_realize, save_graph=None)
+
+    tune = commands.add_parser(
+        "tune",
+        help="verify and time a realize run's kernels on the GPU; record them in the registry",
+        description=(
+            "Verify every compiled kernel of RUN_DIR (from `fact realize`) against PyTorch on "
+            "fresh "
+            "random inputs, time the survivors over their launch knobs next to the unfused "
+            "PyTorch path, write RUN_DIR/results.json and RUN_DIR/registry_export.json, and import "
+            "the measured rows into the registry. Needs an NVIDIA GPU."
+        ),
+    )
+    tune.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="a `fact realize` run directory"
+    )
+    tune.add_argument(
+        "--precision", choices=("highest", "high", "medium"), help="default: the plan's"
+    )
+    tune.add_argument("--knobs", default="sweep", help="sweep (default), default, or a JSON list")
+    tune.add_argument("--registry", metavar="PATH", help="registry file (default ~/.cache/fact)")
+    tune.add_argument("--no-import", action="store_true", help="leave the registry untouched")
+    tune.set_defaults(run=_tune)
+
     trace = commands.add_parser(
         "trace",
         help="trace a problem file into a graph file",
@@ -106,6 +149,12 @@ def _add_dtype(parser: argparse.ArgumentParser) -> None:
         choices=DTYPE_CHOICES,
         help="cast the model and its floating-point inputs before tracing (problem files only)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=("highest", "high", "medium"),
+        help="float32 matmul precision recorded in the graph (default: torch's current setting): "
+        "highest = fp32-accurate, high allows TF32, medium allows bf16 (problem files only)",
+    )
 
 
 def _add_arch(parser: argparse.ArgumentParser) -> None:
@@ -122,21 +171,72 @@ def _explain(args: argparse.Namespace) -> int:
     return _engine_command("explain", args, extra, save_to=None)
 
 
+def _realize(args: argparse.Namespace) -> int:
+    extra = ["--out", str(args.out), "--cutlass-dir", find_cutlass(args.cutlass_dir)]
+    extra += _option("--candidates", None if args.candidates is None else str(args.candidates))
+    extra += _option("--jobs", None if args.jobs is None else str(args.jobs))
+    return _engine_command("realize", args, extra, save_to=None, stream_stderr=True)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from fact.tune import harness  # imports torch
+
+    run = args.run_dir
+    if not (run / "manifest.json").is_file() or not (run / "plan.json").is_file():
+        raise FactError(f"{run} is not a `fact realize` run directory (no manifest.json/plan.json)")
+    argv = [str(run / "plan.json"), "--kernels", str(run), "--out", str(run / "results.json")]
+    argv += ["--export", str(run / "registry_export.json"), "--knobs", args.knobs]
+    argv += _option("--precision", args.precision)
+    status = harness.main(argv)
+    if status != 0 or args.no_import:
+        return status
+    registry = _option("--registry", args.registry)
+    done = run_engine(["registry", "import", str(run / "registry_export.json"), *registry])
+    sys.stdout.write(done.stdout)
+    return 0
+
+
+def find_cutlass(hint: str | None) -> str:
+    """CUTLASS's source tree: --cutlass-dir, $CUTLASS_DIR, or the nvidia-cutlass wheel's copy."""
+    for candidate in (hint, os.environ.get("CUTLASS_DIR")):
+        if candidate:
+            return candidate
+    try:
+        import cutlass_library  # the nvidia-cutlass wheel carries the full source tree
+    except ImportError:
+        raise FactError(
+            "CUTLASS not found: pass --cutlass-dir, set CUTLASS_DIR, or run ./setup.sh "
+            "(it installs the nvidia-cutlass wheel, which ships CUTLASS's source)"
+        ) from None
+    return str(Path(cutlass_library.__file__).parent / "source")
+
+
 def _trace(args: argparse.Namespace) -> int:
-    _trace_problem(args.problem, args.dtype, args.output)
+    _trace_problem(args.problem, args.dtype, args.output, args.precision)
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 
 def _engine_command(
-    subcommand: str, args: argparse.Namespace, extra: list[str], save_to: Path | None
+    subcommand: str,
+    args: argparse.Namespace,
+    extra: list[str],
+    save_to: Path | None,
+    stream_stderr: bool = False,
 ) -> int:
     """Get a graph for args.target, run `fact-engine SUBCOMMAND` on it, print its stdout."""
     is_graph = _check_target(args.target, args.dtype, save_to)
+    if is_graph and args.precision is not None:
+        raise FactError(
+            f"--precision applies to problem files; {args.target} recorded its precision when "
+            "it was traced"
+        )
     find_engine()  # fail before a long trace, not after
-    with _graph_file(args.target, is_graph, args.dtype, save_to) as graph_path:
+    with _graph_file(args.target, is_graph, args.dtype, save_to, args.precision) as graph_path:
         json_flag = ["--json"] if args.json else []
-        done = run_engine([subcommand, str(graph_path), *extra, *json_flag])
+        done = run_engine(
+            [subcommand, str(graph_path), *extra, *json_flag], stream_stderr=stream_stderr
+        )
     sys.stdout.write(done.stdout)
     sys.stdout.flush()
     return 0
@@ -166,26 +266,36 @@ def _check_target(target: str, dtype: str | None, save_to: Path | None) -> bool:
 
 @contextlib.contextmanager
 def _graph_file(
-    target: str, is_graph: bool, dtype: str | None, save_to: Path | None
+    target: str,
+    is_graph: bool,
+    dtype: str | None,
+    save_to: Path | None,
+    precision: str | None = None,
 ) -> Iterator[Path]:
     """Yield a graph file for target: the .json itself, or a fresh trace of the .py."""
     if is_graph:
         yield Path(target)
     elif save_to is not None:
-        _trace_problem(target, dtype, save_to)
+        _trace_problem(target, dtype, save_to, precision)
         yield save_to
     else:
         with tempfile.TemporaryDirectory(prefix="fact-") as folder:
             graph_path = Path(folder) / (Path(target).stem + ".json")
-            _trace_problem(target, dtype, graph_path)
+            _trace_problem(target, dtype, graph_path, precision)
             yield graph_path
 
 
-def _trace_problem(problem: str, dtype: str | None, output: Path) -> None:
+def _trace_problem(
+    problem: str, dtype: str | None, output: Path, precision: str | None = None
+) -> None:
     """Load, trace and save a problem file, with progress on stderr."""
     from fact.problem import check_problem_path, load_problem  # torch loads only when needed
     from fact.tracer import save_graph, trace
 
+    if precision is not None:
+        import torch
+
+        torch.set_float32_matmul_precision(precision)
     if Path(problem).suffix == ".json":
         raise FactError(f"{problem} is a graph already; `fact trace` takes a problem file (.py)")
     check_problem_path(problem)

@@ -50,28 +50,38 @@ def find_engine() -> Path:
     )
 
 
-def run_engine(args: list[str]) -> subprocess.CompletedProcess[str]:
+def run_engine(args: list[str], *, stream_stderr: bool = False) -> subprocess.CompletedProcess[str]:
     """Run `fact-engine ARGS`, returning the finished process when it exits 0.
 
-    The engine's stderr on success (warnings) is passed on to ours. Exit 2 raises `EngineError`
-    with the engine's message; any other failure raises `EngineCrashError`.
+    The engine's stderr on success (warnings) is passed on to ours; with `stream_stderr` it goes
+    straight through while the engine runs (progress of long work such as compiling kernels).
+    Exit 2 raises `EngineError` with the engine's message; any other failure raises
+    `EngineCrashError`.
     """
     engine = find_engine()
     command = [str(engine), *map(str, args)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=None if stream_stderr else subprocess.PIPE,
+            text=True,
+            check=False,
+        )
     except OSError as exc:
         raise EngineCrashError(
             f"cannot run {engine}: {exc.strerror or exc}; {_BUILD_HINT}"
         ) from None
 
-    stderr = done.stderr.strip()
+    stderr = (done.stderr or "").strip()
     if done.returncode == 0:
         if stderr:
             print(stderr, file=sys.stderr)
         return done
     if done.returncode == 2:
         message = stderr.removeprefix("error:").strip() if stderr else ""
+        if stream_stderr and not message:
+            message = "see the engine's message above"
         raise EngineError(message or f"{ENGINE_NAME} {args[0] if args else ''} refused its input")
     if done.returncode < 0:
         try:

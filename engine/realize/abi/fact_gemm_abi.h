@@ -1,0 +1,60 @@
+/* FACT kernel C ABI, version 1: what every generated GEMM-family kernel library exports.
+ *
+ * A generated .so is loaded with dlopen and driven through these symbols; no libtorch, no C++
+ * types cross the boundary. Sizes and leading dimensions are in elements. Status codes:
+ * FACT_OK, or one of the errors below with a message from fact_last_error().
+ */
+#ifndef FACT_GEMM_ABI_H
+#define FACT_GEMM_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FACT_ABI_VERSION 1
+#define FACT_MAX_EPILOGUE_OPERANDS 8
+
+enum FactStatus {
+  FACT_OK = 0,
+  FACT_NOT_SUPPORTED = 1, /* the kernel cannot implement this problem (alignment, sizes) */
+  FACT_INVALID_ARGS = 2,  /* a null pointer, a missing operand, a bad knob */
+  FACT_CUDA_ERROR = 3,    /* a CUDA call failed; the message says which */
+  FACT_WORKSPACE_TOO_SMALL = 4,
+};
+
+/* D[l, m, n] = epilogue(sum_k A[l, m, k] * B[l, k, n], operands...) */
+typedef struct FactGemmArgs {
+  int64_t m, n, k, batch;
+  const void* a;  /* row layout: A[m, k] at a + m*lda + k; col layout: a + k*lda + m */
+  int64_t lda, batch_stride_a;
+  const void* b;  /* row layout: B[k, n] at b + k*ldb + n; col layout: b + n*ldb + k */
+  int64_t ldb, batch_stride_b;
+  void* d;        /* always row layout: D[m, n] at d + m*ldd + n */
+  int64_t ldd, batch_stride_d;
+  /* Epilogue operands in the plan's order: row vectors [n], column vectors [m], scalars
+   * (device pointer to one element) and full tensors [m, n] (row layout, ld in operand_ld). */
+  const void* operands[FACT_MAX_EPILOGUE_OPERANDS];
+  int64_t operand_ld[FACT_MAX_EPILOGUE_OPERANDS];
+  int64_t operand_batch_stride[FACT_MAX_EPILOGUE_OPERANDS];
+  /* Run-time knobs: raster 0 heuristic, 1 along M, 2 along N; swizzle 1/2/4/8; split-K factor
+   * (stream-K kernels only; 1 = none). sm_count 0 = query the device. */
+  int raster, max_swizzle, splits, sm_count;
+} FactGemmArgs;
+
+int fact_abi_version(void);
+const char* fact_kernel_name(void);
+/* JSON: family, dtypes, layouts, epilogue operand kinds, config. */
+const char* fact_kernel_info(void);
+int fact_gemm_can_implement(const FactGemmArgs* args);
+size_t fact_gemm_workspace_size(const FactGemmArgs* args);
+int fact_gemm_run(const FactGemmArgs* args, void* workspace, size_t workspace_bytes, void* stream);
+const char* fact_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FACT_GEMM_ABI_H */

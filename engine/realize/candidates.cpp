@@ -1,0 +1,591 @@
+#include "realize/candidates.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "discover/cost_model.h"
+#include "ir/error.h"
+#include "ir/graph.h"
+
+namespace fact::realize {
+
+using discover::Family;
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+
+std::string fmt(double v, int precision = 3) {
+  std::ostringstream s;
+  s.precision(precision);
+  s << v;
+  return s.str();
+}
+
+std::string kb(int64_t bytes) { return fmt(static_cast<double>(bytes) / 1024.0, 4) + " KB"; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// Element size in bytes; 0 for a dtype name FACT does not know.
+int bytes_of(const std::string& dtype) {
+  const auto d = ir::dtype_from_name(dtype);
+  return d ? ir::dtype_bytes(*d) : 0;
+}
+
+bool is_16bit_float(const std::string& d) { return d == "bf16" || d == "f16"; }
+bool is_8bit_float(const std::string& d) { return d == "f8e4m3" || d == "f8e5m2"; }
+
+std::string tile_str(const GemmConfig& c) {
+  return std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + "x" + std::to_string(c.tile_k);
+}
+
+// Threads that hold accumulators for one tile. Cooperative: both consumer warpgroups share a
+// tile (split along M), 256 threads. Pingpong: each consumer warpgroup owns a whole tile (the two
+// alternate between mainloop and epilogue), 128 threads.
+int mma_threads(const GemmConfig& c) { return c.kernel_schedule == "cooperative" ? 256 : 128; }
+
+// Registers an MMA thread needs besides accumulators: A/B smem descriptors, pipeline state,
+// addresses, loop counters and the epilogue's fragment of converted outputs. 40 is a round
+// figure that reproduces CUTLASS's practice: 128 accumulators per thread build (256x128
+// cooperative, 128x128 and 64x256 pingpong), 256 never do (they exceed the 255-register
+// hardware limit on their own).
+constexpr int kNonAccumulatorRegisters = 40;
+constexpr int kMaxAccumulatorsPerThread = kSm90ConsumerRegisters - kNonAccumulatorRegisters;  // 192
+
+// Epilogue staging tile: CUTLASS's EpilogueTileAuto on sm90 is 128 x 32 for cooperative kernels
+// (one subtile spans both warpgroups) and 64 x 32 for pingpong (one warpgroup), clamped to the
+// CTA tile.
+int64_t epilogue_tile_elems(const GemmConfig& c) {
+  const int64_t em = std::min(c.tile_m, c.kernel_schedule == "cooperative" ? 128 : 64);
+  const int64_t en = std::min(c.tile_n, 32);
+  return em * en;
+}
+
+// Shared memory CUTLASS keeps besides the mainloop stages and the epilogue buffers: epilogue
+// pipeline barriers, the tile scheduler's storage, row/column broadcast buffers of the epilogue
+// visitor tree (a bias row is tile_n elements). 1 KB is a generous round figure.
+constexpr int64_t kMiscSmemBytes = 1024;
+
+// Efficiency priors of the ranking model (not measurements; the registry overrides them).
+// Tile efficiency rises with the tile's operand reuse, tile_m*tile_n/(tile_m+tile_n): 256x128
+// (85.3) is taken as fully efficient, 64x64 (32) reaches 69%.
+constexpr double kReuseFull = 256.0 * 128.0 / (256.0 + 128.0);
+// 16/8-bit: pingpong overlaps one tile's epilogue with the other warpgroup's mainloop;
+// cooperative stalls the tensor cores during its epilogue. f32 (tf32/3xtf32): the K step is
+// short (tile_k 32) and one warpgroup per tile keeps fewer WGMMAs in flight, so cooperative leads.
+constexpr double kCoopEff16 = 0.93, kPingpongEff32 = 0.92;
+// Fewer than 3 stages cannot hide global-memory latency behind the MMAs.
+constexpr double kTwoStageEff = 0.85, kThreeStageEff = 0.95;
+// TMA multicast across a cluster cuts L2->SM traffic for the shared operand.
+constexpr double kClusterGain = 1.02;
+// Stream-K: the partial accumulators of split tiles go through a global workspace and are summed
+// by the tile's last worker: about a tenth of a tile's time.
+constexpr double kStreamKFixup = 0.10;
+// Registry boosts: a config measured within 10% of the best on a problem counts as "measured
+// well". Same problem: halve its score; nearest problems: up to x0.7, fading with distance
+// (summed |log2| of the size ratios). Measured clearly slower on the same problem: x1.5.
+constexpr double kWellMeasured = 1.10, kExactBoost = 0.5, kNearBoost = 0.3, kExactSlow = 1.5;
+
+double rate_per_sm(const GemmProblem& p, const GemmConfig& c) {
+  const auto& hw = discover::hardware("sm90", "");
+  double rate = hw.bf16_flops;
+  if (is_8bit_float(p.dtype_a)) rate = 2 * hw.bf16_flops;
+  if (p.dtype_a == "f32") rate = c.math == "3xtf32" ? hw.tf32_flops / 3 : hw.tf32_flops;
+  return rate / kSm90SmCount;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problem-level checks: when one fails, no config of this list can run on the problem.
+
+std::vector<std::string> problem_violations(const GemmProblem& p) {
+  std::vector<std::string> why;
+  const int ba = bytes_of(p.dtype_a), bb = bytes_of(p.dtype_b), bo = bytes_of(p.dtype_out);
+  const bool supported = is_16bit_float(p.dtype_a) || is_8bit_float(p.dtype_a) || p.dtype_a == "f32";
+  if (!supported) {
+    why.push_back("operand dtype " + p.dtype_a + " has no sm90 TMA/WGMMA GEMM in the candidate lists");
+  } else if (p.dtype_b != p.dtype_a && !(is_8bit_float(p.dtype_a) && is_8bit_float(p.dtype_b))) {
+    why.push_back("mixed operand dtypes " + p.dtype_a + " x " + p.dtype_b + " are not in the candidate lists");
+  }
+  if (bo == 0) why.push_back("output dtype " + p.dtype_out + " is unknown");
+  if (p.m <= 0 || p.n <= 0 || p.k <= 0 || p.batch <= 0) {
+    why.push_back("empty problem (m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) +
+                  " k=" + std::to_string(p.k) + " batch=" + std::to_string(p.batch) + ")");
+    return why;
+  }
+  // TMA: the innermost dimension must be contiguous and every other stride a multiple of 16
+  // bytes. Row-major A (m x k) has leading dimension k, column-major A has m; row-major B (k x n)
+  // has n, column-major B has k; the output and any full epilogue source are row-major m x n.
+  auto leading = [&](const char* what, const std::string& layout, int64_t row_ld, int64_t col_ld,
+                     const char* row_dim, const char* col_dim, int bytes) {
+    if (layout == "strided") {
+      why.push_back(std::string(what) + " is strided (no unit-stride dimension): TMA needs a contiguous inner dimension");
+      return;
+    }
+    if (bytes == 0) return;
+    const bool row = layout != "col";
+    const int64_t ld = row ? row_ld : col_ld;
+    if ((ld * bytes) % 16 != 0) {
+      why.push_back(std::string(what) + " is " + (row ? "row" : "column") + "-major with " +
+                    (row ? row_dim : col_dim) + "=" + std::to_string(ld) + ": " + (row ? row_dim : col_dim) +
+                    "*" + std::to_string(bytes) + " bytes is not a multiple of 16 (TMA needs 16-byte aligned leading dimensions)");
+    }
+  };
+  leading("A", p.layout_a, p.k, p.m, "K", "M", ba);
+  leading("B", p.layout_b, p.n, p.k, "N", "K", bb);
+  if (p.n_parts.empty()) {
+    leading("the output", "row", p.n, p.n, "N", "N", bo);
+  } else {
+    for (size_t i = 0; i < p.n_parts.size(); ++i) {
+      leading(("output part " + std::to_string(i)).c_str(), "row", p.n_parts[i], p.n_parts[i], "N", "N", bo);
+    }
+  }
+  if (p.reads_source) leading("the epilogue source", "row", p.n, p.n, "N", "N", bo);
+  return why;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config-level checks.
+
+std::vector<std::string> config_violations(const GemmProblem& p, const GemmConfig& c) {
+  std::vector<std::string> why;
+  const int ba = bytes_of(p.dtype_a);
+  const bool f32 = p.dtype_a == "f32";
+  // Schedules come in fixed pairs: the cooperative epilogue expects both warpgroups, the plain TMA
+  // epilogue one.
+  if (c.kernel_schedule == "cooperative") {
+    if (c.epilogue_schedule != "tma_cooperative") {
+      why.push_back("cooperative kernel needs the tma_cooperative epilogue, got " + c.epilogue_schedule);
+    }
+    if (c.tile_m % 128 != 0) {
+      why.push_back("cooperative splits tile_m over 2 consumer warpgroups of 64 rows: needs tile_m >= 128, got " +
+                    std::to_string(c.tile_m));
+    }
+  } else if (c.kernel_schedule == "pingpong") {
+    if (c.epilogue_schedule != "tma") {
+      why.push_back("pingpong kernel needs the tma epilogue, got " + c.epilogue_schedule);
+    }
+    if (c.tile_m != 64 && c.tile_m != 128) {
+      why.push_back("pingpong gives each tile to one consumer warpgroup: needs tile_m <= 128 (64 or 128), got " +
+                    std::to_string(c.tile_m));
+    }
+    if (c.tile_scheduler == "stream_k") {
+      // CUTLASS 4.2, sm90_gemm_tma_warpspecialized_pingpong.hpp: a static_assert (seen as a
+      // compile error of every such candidate for the large-K benchmark).
+      why.push_back("CUTLASS's pingpong kernel does not support the stream_k tile scheduler");
+    }
+  } else {
+    why.push_back("unknown kernel schedule '" + c.kernel_schedule + "'");
+  }
+  if (c.tile_scheduler != "persistent" && c.tile_scheduler != "stream_k") {
+    why.push_back("unknown tile scheduler '" + c.tile_scheduler + "'");
+  }
+  // WGMMA: N is a multiple of 8 up to 256 (we keep multiples of 16); one K step is 32 bytes.
+  if (c.tile_n <= 0 || c.tile_n > 256 || c.tile_n % 16 != 0) {
+    why.push_back("tile_n " + std::to_string(c.tile_n) + " is not a WGMMA N (a multiple of 16 up to 256)");
+  }
+  if (c.tile_m <= 0 || c.tile_k <= 0 || (ba && (c.tile_k * ba) % 32 != 0)) {
+    why.push_back("tile_k " + std::to_string(c.tile_k) + " is not a whole number of WGMMA K steps (32 bytes) for " +
+                  p.dtype_a);
+  }
+  if (f32 && c.math != "tf32" && c.math != "3xtf32") {
+    why.push_back("f32 operands need math tf32 or 3xtf32 on sm90 tensor cores, got " + c.math);
+  }
+  if (!f32 && c.math != "default") why.push_back("math " + c.math + " applies to f32 operands only");
+  // Clusters: each dimension 1, 2 or 4, at most 4 CTAs (all the lists need; the portable
+  // hardware limit is 8).
+  auto pow2 = [](int v) { return v == 1 || v == 2 || v == 4; };
+  if (!pow2(c.cluster_m) || !pow2(c.cluster_n) || c.cluster_m * c.cluster_n > 4) {
+    why.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
+                  " is not 1, 2 or 4 per dimension with at most 4 CTAs");
+  }
+  // Registers: every accumulator is one fp32 register of an MMA thread.
+  if (c.tile_m > 0 && c.tile_n > 0) {
+    const int64_t accum = static_cast<int64_t>(p.b_operands) * c.tile_m * c.tile_n / mma_threads(c);
+    if (accum > kMaxAccumulatorsPerThread) {
+      why.push_back("registers: a " + std::to_string(c.tile_m) + "x" + std::to_string(c.tile_n) + " tile" +
+                    (p.b_operands > 1 ? " (x" + std::to_string(p.b_operands) + " accumulators)" : std::string()) +
+                    " on " + std::to_string(mma_threads(c)) + " MMA threads (" + c.kernel_schedule + ") is " +
+                    std::to_string(accum) + " fp32 accumulators per thread, over the " +
+                    std::to_string(kMaxAccumulatorsPerThread) + " that fit in " +
+                    std::to_string(kSm90ConsumerRegisters) + " registers");
+    }
+  }
+  // Shared memory (see smem_sm90 for the estimate).
+  if (ba && c.tile_m > 0 && c.tile_n > 0 && c.tile_k > 0) {
+    const auto s = smem_sm90(p, c);
+    if (c.stages != 0 && c.stages < 2) {
+      why.push_back("stages " + std::to_string(c.stages) + ": the TMA pipeline needs at least 2");
+    } else if (c.stages == 0 && s.stages < 2) {
+      why.push_back("shared memory: " + tile_str(c) + " needs " + kb(2 * s.stage_bytes + s.epilogue_bytes) +
+                    " for 2 stages of " + kb(s.stage_bytes) + " plus " + kb(s.epilogue_bytes) +
+                    " of epilogue, over the " + kb(kSm90SmemPerCta) + " a CTA gets");
+    } else if (c.stages != 0 && s.total_bytes > kSm90SmemPerCta) {
+      why.push_back("shared memory: " + tile_str(c) + " needs " + kb(s.total_bytes) + " for " +
+                    std::to_string(c.stages) + " stages of " + kb(s.stage_bytes) + " plus " + kb(s.epilogue_bytes) +
+                    " of epilogue, over the " + kb(kSm90SmemPerCta) + " a CTA gets");
+    }
+  }
+  return why;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "; " : "") + v[i];
+  return s;
+}
+
+}  // namespace
+
+// -----------------------------------------------------------------------------------------------
+
+GemmProblem GemmProblem::from_match(const discover::Match& m) {
+  GemmProblem p;
+  p.family = discover::family_name(m.family);
+  if (m.family != Family::gemm && m.family != Family::horizontal_gemm && m.family != Family::gated_mlp) {
+    throw UserError("kernel candidates: family " + p.family + " is not a GEMM family (gemm, horizontal_gemm, gated_mlp)");
+  }
+  const auto& pr = m.problem;
+  const auto& a = m.attrs;
+  auto size = [&](const char* key, int64_t dflt) -> int64_t {
+    if (!pr.contains(key)) {
+      if (dflt >= 0) return dflt;
+      throw UserError("kernel candidates: " + p.family + " match has no problem size '" + key + "'");
+    }
+    return pr.at(key).get<int64_t>();
+  };
+  auto attr = [&](const char* key, const char* dflt) -> std::string {
+    if (a.contains(key) && a.at(key).is_string()) return a.at(key).get<std::string>();
+    if (dflt) return dflt;
+    throw UserError("kernel candidates: " + p.family + " match has no attribute '" + key + "'");
+  };
+  p.batch = size("batch", 1);
+  p.m = size("m", -1);
+  p.n = size("n", -1);
+  p.k = size("k", -1);
+  p.dtype_a = attr("dtype_a", nullptr);
+  p.dtype_b = attr("dtype_b", p.dtype_a.c_str());
+  p.dtype_out = attr("dtype_out", p.dtype_a.c_str());
+  p.layout_a = attr("layout_a", "row");
+  p.layout_b = attr("layout_b", "col");
+  // The gated kernel keeps gate and up products of a tile on chip (two B tiles per stage, two
+  // accumulators) so that the epilogue can form act(gate) * up without a round trip.
+  p.b_operands = m.family == Family::gated_mlp ? 2 : 1;
+  if (pr.contains("n_parts") && pr["n_parts"].is_array()) {
+    for (const auto& v : pr["n_parts"]) p.n_parts.push_back(v.get<int64_t>());
+  }
+  for (const auto& o : m.operands) {
+    if (o.broadcast == "full") p.reads_source = true;
+  }
+  return p;
+}
+
+json GemmProblem::to_json() const {
+  json j = {{"family", family},       {"batch", batch},         {"m", m},
+            {"n", n},                 {"k", k},                 {"dtype_a", dtype_a},
+            {"dtype_b", dtype_b},     {"dtype_out", dtype_out}, {"layout_a", layout_a},
+            {"layout_b", layout_b},   {"b_operands", b_operands}, {"reads_source", reads_source}};
+  if (!n_parts.empty()) j["n_parts"] = n_parts;
+  return j;
+}
+
+// Shared-memory estimate, after CUTLASS 3.x's sm90 collectives:
+//   mainloop stage = tile_m*tile_k*bytes_a + b_operands*tile_n*tile_k*bytes_b + 16
+//                    (the stage's full and empty mbarriers, 8 bytes each);
+//   epilogue       = 2 D buffers of the epilogue subtile (StagesD = 2), plus 2 C buffers when
+//                    the epilogue reads a full source tensor, plus kMiscSmemBytes;
+//   auto stages    = (227 KB - epilogue) / stage, as StageCountAutoCarveout computes it.
+SmemEstimate smem_sm90(const GemmProblem& p, const GemmConfig& c) {
+  SmemEstimate s;
+  const int64_t ba = bytes_of(p.dtype_a), bb = bytes_of(p.dtype_b), bo = std::max(1, bytes_of(p.dtype_out));
+  s.stage_bytes = int64_t{c.tile_m} * c.tile_k * ba + int64_t{p.b_operands} * c.tile_n * c.tile_k * bb + 16;
+  const int64_t epi = epilogue_tile_elems(c) * bo;
+  s.epilogue_bytes = 2 * epi + (p.reads_source ? 2 * epi : 0) + kMiscSmemBytes;
+  s.stages = c.stages != 0 ? c.stages
+                           : static_cast<int>(std::max<int64_t>(0, kSm90SmemPerCta - s.epilogue_bytes) /
+                                              std::max<int64_t>(1, s.stage_bytes));
+  s.total_bytes = s.stages * s.stage_bytes + s.epilogue_bytes;
+  return s;
+}
+
+bool supports_candidates(const discover::Match& m, const std::string& arch) {
+  return arch == "sm90" &&
+         (m.family == Family::gemm || m.family == Family::horizontal_gemm || m.family == Family::gated_mlp);
+}
+
+// The literal lists. Every tile shape is listed with both schedules, as CUTLASS's generator does
+// before its own validity checks; the filter then removes (and logs) the pairs that cannot build,
+// so the log shows why, say, 64-row cooperative tiles never appear.
+std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& precision) {
+  static const int kTileMN[] = {64, 128, 256};
+  static const int kCluster[][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
+  static const char* kSchedules[][2] = {{"cooperative", "tma_cooperative"}, {"pingpong", "tma"}};
+  std::vector<int> tile_k = {64, 128};  // 128 and 256 bytes of a 16-bit K row
+  std::string math = "default";
+  if (p.dtype_a == "f32") {
+    tile_k = {32};  // 128 bytes: one 128B-swizzle row of tf32
+    math = precision == "highest" ? "3xtf32" : "tf32";
+  } else if (is_8bit_float(p.dtype_a)) {
+    tile_k = {128};
+  }
+  // Stream-K earns its fixup cost when K dominates (few, long tiles) or a config's tiles do not
+  // fill one wave of SMs; otherwise the plain persistent scheduler is listed alone.
+  const bool long_k = p.k >= 8 * std::max(p.m, p.n);
+  std::vector<GemmConfig> out;
+  for (int tm : kTileMN) {
+    for (int tn : kTileMN) {
+      for (int tk : tile_k) {
+        for (const auto& cl : kCluster) {
+          for (const auto& sched : kSchedules) {
+            GemmConfig c;
+            c.tile_m = tm;
+            c.tile_n = tn;
+            c.tile_k = tk;
+            c.cluster_m = cl[0];
+            c.cluster_n = cl[1];
+            c.kernel_schedule = sched[0];
+            c.epilogue_schedule = sched[1];
+            c.stages = 0;
+            c.tile_scheduler = "persistent";
+            c.math = math;
+            out.push_back(c);
+            const int64_t tiles = ceil_div(p.m, tm) * ceil_div(p.n, tn) * std::max<int64_t>(1, p.batch);
+            if (long_k || tiles < kSm90SmCount) {
+              c.tile_scheduler = "stream_k";
+              out.push_back(c);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs) {
+  FilterResult r;
+  const auto problem_why = problem_violations(p);
+  for (const auto& c : configs) {
+    std::vector<std::string> why = problem_why;
+    const auto own = config_violations(p, c);
+    why.insert(why.end(), own.begin(), own.end());
+    if (why.empty()) {
+      r.kept.push_back(c);
+    } else {
+      r.dropped.push_back({c, join(why)});
+    }
+  }
+  return r;
+}
+
+// The wave model. For each config:
+//   tiles     = ceil(m/tile_m) x ceil(n/tile_n) x batch, each grid dimension rounded up to the
+//               cluster (padding CTAs occupy SMs without doing work);
+//   t_tile    = flops of one tile / (per-SM peak x efficiency), efficiency = tile reuse x schedule
+//               x stage count x cluster multicast (the priors above);
+//   persistent: ceil(tiles / 132) waves of t_tile;
+//   stream_k  : the tiles' K iterations spread evenly over 132 SMs, plus a fixup; degenerates to
+//               data-parallel (+1%) when the tiles fill whole waves;
+//   time      = max(that, the problem's bytes / bandwidth).
+std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs,
+                              const std::vector<registry::Hit>& hits) {
+  const auto& hw = discover::hardware("sm90", "");
+  const int64_t batch = std::max<int64_t>(1, p.batch);
+  const double bytes = static_cast<double>(batch) *
+                       (static_cast<double>(p.m * p.k * bytes_of(p.dtype_a)) +
+                        static_cast<double>(p.b_operands * p.k * p.n * bytes_of(p.dtype_b)) +
+                        static_cast<double>(p.m * p.n * bytes_of(p.dtype_out)) * (p.reads_source ? 2 : 1));
+  const double t_memory = bytes / hw.bandwidth;
+  // Best measured time per problem, to tell "measured well" from "measured slow".
+  std::map<std::string, double> best_at;
+  for (const auto& h : hits) {
+    const auto key = h.row.problem.dump();
+    if (!best_at.count(key) || h.row.time_us < best_at[key]) best_at[key] = h.row.time_us;
+  }
+  std::vector<Ranked> out;
+  for (const auto& c : configs) {
+    Ranked r;
+    r.config = c;
+    const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+    const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
+    const int64_t tiles = grid_m * grid_n * batch;
+    const int64_t useful = tiles_m * tiles_n * batch;
+    // Efficiency.
+    const double tn_eff = static_cast<double>(p.b_operands) * c.tile_n;
+    const double reuse = c.tile_m * tn_eff / (c.tile_m + tn_eff);
+    double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+    const bool f32 = p.dtype_a == "f32";
+    if (!f32 && c.kernel_schedule == "cooperative") {
+      eff *= kCoopEff16;
+      r.reasons.push_back("cooperative: epilogue not overlapped (x" + fmt(kCoopEff16) + ")");
+    }
+    if (f32 && c.kernel_schedule == "pingpong") {
+      eff *= kPingpongEff32;
+      r.reasons.push_back("pingpong with tf32: fewer WGMMAs in flight (x" + fmt(kPingpongEff32) + ")");
+    }
+    const int stages = smem_sm90(p, c).stages;
+    if (stages == 2) {
+      eff *= kTwoStageEff;
+      r.reasons.push_back("only 2 stages fit: latency exposed (x" + fmt(kTwoStageEff) + ")");
+    } else if (stages == 3) {
+      eff *= kThreeStageEff;
+      r.reasons.push_back("3 stages fit (x" + fmt(kThreeStageEff) + ")");
+    }
+    if (c.cluster_m * c.cluster_n > 1) {
+      eff *= kClusterGain;
+      r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
+                          ": TMA multicast (x" + fmt(kClusterGain) + ")");
+    }
+    if (c.cluster_m > tiles_m || c.cluster_n > tiles_n) {
+      r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + " over " +
+                          std::to_string(tiles_m) + "x" + std::to_string(tiles_n) +
+                          " tiles: padding CTAs idle in every cluster");
+    }
+    const double tile_flops = 2.0 * p.b_operands * c.tile_m * c.tile_n * static_cast<double>(p.k);
+    const double t_tile = tile_flops / (rate_per_sm(p, c) * eff);
+    const int64_t waves = ceil_div(tiles, kSm90SmCount);
+    const int64_t last = tiles - (waves - 1) * kSm90SmCount;
+    double t_compute = static_cast<double>(waves) * t_tile;
+    if (c.tile_scheduler == "stream_k") {
+      if (tiles % kSm90SmCount == 0) {
+        t_compute *= 1.01;
+        r.reasons.push_back("stream_k on whole waves: runs data-parallel");
+      } else {
+        const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
+        const double t_iter = t_tile / static_cast<double>(k_iters);
+        t_compute = static_cast<double>(ceil_div(useful * k_iters, kSm90SmCount)) * t_iter + kStreamKFixup * t_tile;
+        r.reasons.push_back("stream_k: " + std::to_string(useful * k_iters) + " K iterations over " +
+                            std::to_string(kSm90SmCount) + " SMs, plus fixup");
+      }
+    } else {
+      r.reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
+                          (waves > 1 ? "s" : "") + ", last " +
+                          fmt(100.0 * static_cast<double>(last) / kSm90SmCount, 3) + "% full");
+    }
+    if (t_memory > t_compute) r.reasons.push_back("memory-bound: " + fmt(t_memory * 1e6) + " us of traffic");
+    r.est_us = std::max(t_compute, t_memory) * 1e6;
+    r.score = r.est_us;
+    // Registry: the best-applying boost among the measurements of this very config.
+    double factor = 1.0;
+    std::string why;
+    for (const auto& h : hits) {
+      if (!h.row.config.is_object() || h.row.config.value("name", std::string()) != c.name()) {
+        // Rows may predate "name" in the config JSON: compare the parsed config.
+        try {
+          if (!(GemmConfig::from_json(h.row.config) == c)) continue;
+        } catch (const nlohmann::json::exception&) {
+          continue;
+        }
+      }
+      const double best = best_at[h.row.problem.dump()];
+      const bool well = h.row.time_us <= kWellMeasured * best;
+      double f = 1.0;
+      if (h.distance == 0.0) {
+        f = well ? kExactBoost : kExactSlow;
+      } else if (well) {
+        f = 1.0 - kNearBoost / (1.0 + h.distance);
+      }
+      const bool better = (f < 1.0 && f < factor) || (factor == 1.0 && f > 1.0);
+      if (better) {
+        factor = f;
+        why = "registry: " + fmt(h.row.time_us) + " us measured (" + h.row.provenance + ") on " +
+              (h.distance == 0.0 ? std::string("the same problem") : "a problem at distance " + fmt(h.distance)) +
+              (well ? ", within 10% of the best there" : ", slower than the best there") + " (x" + fmt(f) + ")";
+      }
+    }
+    if (factor != 1.0) {
+      r.score *= factor;
+      r.reasons.push_back(why);
+    }
+    out.push_back(std::move(r));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Ranked& a, const Ranked& b) { return a.score < b.score; });
+  return out;
+}
+
+Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
+  if (!supports_candidates(m, opt.arch)) {
+    throw UserError(std::string("kernel candidates: ") + discover::family_name(m.family) + " on " + opt.arch +
+                    " is not supported (GEMM families on sm90 only)");
+  }
+  Candidates out;
+  out.arch = opt.arch;
+  out.signature = registry::signature(m);
+  out.problem = GemmProblem::from_match(m);
+  std::vector<registry::Hit> hits;
+  if (opt.registry) hits = opt.registry->lookup(out.signature, opt.arch, m.problem, 64);
+  auto configs = enumerate_sm90(out.problem, opt.precision);
+  std::set<std::string> listed;
+  for (const auto& c : configs) listed.insert(c.name());
+  for (const auto& h : hits) {
+    try {
+      const auto c = GemmConfig::from_json(h.row.config);
+      if (listed.insert(c.name()).second) configs.push_back(c);
+    } catch (const nlohmann::json::exception&) {
+      // A row whose config is not a GemmConfig (another kernel kind): nothing to add.
+    }
+  }
+  out.enumerated = configs.size();
+  auto filtered = filter_sm90(out.problem, configs);
+  out.dropped = std::move(filtered.dropped);
+  out.kept = filtered.kept.size();
+  auto ranked = rank_sm90(out.problem, filtered.kept, hits);
+  // The top N covers distinct kernels first. Configs that differ only in cluster shape score
+  // within a few percent of each other in the model, so a plain cut would spend the tuner's whole
+  // budget on one tile shape. Pass 1 takes the best config of each (tile, schedule, scheduler,
+  // stages) in score order; pass 2 fills what is left with the runners-up; the result is then
+  // ordered by score again.
+  if (ranked.size() > opt.top_n) {
+    auto key = [](const GemmConfig& c) {
+      return tile_str(c) + "/" + c.kernel_schedule + "/" + c.tile_scheduler + "/" + std::to_string(c.stages);
+    };
+    std::set<std::string> seen;
+    std::vector<bool> taken(ranked.size(), false);
+    std::vector<Ranked> chosen;
+    for (size_t i = 0; i < ranked.size() && chosen.size() < opt.top_n; ++i) {
+      if (seen.insert(key(ranked[i].config)).second) {
+        taken[i] = true;
+        chosen.push_back(ranked[i]);
+      }
+    }
+    for (size_t i = 0; i < ranked.size() && chosen.size() < opt.top_n; ++i) {
+      if (!taken[i]) chosen.push_back(ranked[i]);
+    }
+    std::stable_sort(chosen.begin(), chosen.end(), [](const Ranked& a, const Ranked& b) { return a.score < b.score; });
+    ranked = std::move(chosen);
+  }
+  out.ranked = std::move(ranked);
+  return out;
+}
+
+json dropped_json(const Candidates& c) {
+  json dropped = json::array();
+  for (const auto& d : c.dropped) {
+    dropped.push_back({{"name", d.config.name()}, {"reason", d.reason}, {"config", d.config.to_json()}});
+  }
+  return {{"signature", c.signature}, {"arch", c.arch},        {"problem", c.problem.to_json()},
+          {"enumerated", c.enumerated}, {"kept", c.kept},     {"dropped", dropped}};
+}
+
+json candidates_json(const Candidates& c) {
+  json j = dropped_json(c);
+  json ranked = json::array();
+  for (size_t i = 0; i < c.ranked.size(); ++i) {
+    const auto& r = c.ranked[i];
+    ranked.push_back({{"rank", i + 1},
+                      {"name", r.config.name()},
+                      {"config", r.config.to_json()},
+                      {"est_us", r.est_us},
+                      {"score", r.score},
+                      {"reasons", r.reasons}});
+  }
+  j["ranked"] = ranked;
+  return j;
+}
+
+}  // namespace fact::realize

@@ -1,0 +1,222 @@
+#include "realize/compile.h"
+
+#include <openssl/evp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "ir/error.h"
+#include "realize/emit.h"
+
+namespace fs = std::filesystem;
+
+namespace fact::realize {
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+  if (!out) throw UserError("cannot write " + p.string());
+}
+
+// Run argv with stdout+stderr to `log`; returns the exit status (-1 if it could not start).
+int run_logged(const std::vector<std::string>& argv, const fs::path& log) {
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    if (f) {
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::perror(args[0]);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  pclose(p);
+  return out;
+}
+
+std::string first_error_lines(const std::string& log, size_t max_lines = 4) {
+  std::istringstream in(log);
+  std::string line, out;
+  size_t n = 0;
+  while (std::getline(in, line) && n < max_lines) {
+    if (line.find("error") == std::string::npos) continue;
+    out += (n ? "\n" : "") + line;
+    ++n;
+  }
+  return out.empty() ? log.substr(0, 400) : out;
+}
+
+}  // namespace
+
+std::string sha256_hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned int i = 0; i < len; ++i) {
+    s += hex[md[i] >> 4];
+    s += hex[md[i] & 15];
+  }
+  return s;
+}
+
+std::string find_cutlass(const std::string& hint) {
+  std::string dir = hint;
+  if (dir.empty()) {
+    if (const char* env = std::getenv("CUTLASS_DIR"); env && *env) dir = env;
+  }
+  if (dir.empty()) {
+    throw UserError("CUTLASS not found: pass --cutlass-dir, set CUTLASS_DIR, or run ./setup.sh "
+                    "(the nvidia-cutlass wheel ships the source; `fact` finds it)");
+  }
+  if (!fs::exists(fs::path(dir) / "include" / "cutlass" / "cutlass.h")) {
+    throw UserError("'" + dir + "' does not hold CUTLASS (no include/cutlass/cutlass.h)");
+  }
+  return dir;
+}
+
+std::string cutlass_version(const std::string& cutlass_dir) {
+  const auto text = read_file(fs::path(cutlass_dir) / "include" / "cutlass" / "version.h");
+  std::string v;
+  for (const char* part : {"MAJOR", "MINOR", "PATCH"}) {
+    std::smatch m;
+    const std::regex re(std::string("#define CUTLASS_") + part + " ([0-9]+)");
+    v += (v.empty() ? "" : ".") + (std::regex_search(text, m, re) ? m[1].str() : std::string("?"));
+  }
+  return v;
+}
+
+std::string nvcc_version(const std::string& nvcc) {
+  const auto out = capture(nvcc + " --version 2>/dev/null");
+  const auto pos = out.find("release ");
+  if (pos == std::string::npos) {
+    throw UserError("cannot run '" + nvcc + " --version': install the CUDA toolkit or pass --nvcc");
+  }
+  return out.substr(pos, out.find('\n', pos) - pos);
+}
+
+std::string default_cache_dir() {
+  if (const char* p = std::getenv("FACT_CACHE_DIR"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "fact" / "kernels").string();
+  if (const char* h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".cache" / "fact" / "kernels").string();
+  return ".fact-cache/kernels";
+}
+
+std::vector<std::string> nvcc_flags(const CompileOptions& opt) {
+  FACT_CHECK(opt.arch == "sm90", "only sm90 kernels are emitted so far");
+  return {"-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-gencode", "arch=compute_90a,code=sm_90a",
+          "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-shared", "-lineinfo"};
+}
+
+std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, const CompileOptions& opt_in) {
+  CompileOptions opt = opt_in;
+  opt.cutlass_dir = find_cutlass(opt.cutlass_dir);
+  if (opt.cache_dir.empty()) opt.cache_dir = default_cache_dir();
+  fs::create_directories(opt.cache_dir);
+  const auto flags = nvcc_flags(opt);
+  // Everything that changes the binary is in the key, problem sizes never.
+  std::string salt = nvcc_version(opt.nvcc) + "|cutlass " + cutlass_version(opt.cutlass_dir) + "|" + opt.arch +
+                     "|" + abi_header_text();
+  for (const auto& f : flags) salt += "|" + f;
+
+  std::vector<CompileResult> results(jobs.size());
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> done{0};
+  std::mutex print;
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      const auto& job = jobs[i];
+      auto& r = results[i];
+      r.name = job.name;
+      r.key = sha256_hex(salt + "|" + job.source);
+      const fs::path entry = fs::path(opt.cache_dir) / r.key;
+      r.library = (entry / "kernel.so").string();
+      r.log = (entry / "build.log").string();
+      const auto start = std::chrono::steady_clock::now();
+      if (fs::exists(entry / "kernel.so")) {
+        r.ok = r.cached = true;
+      } else {
+        // Build in a private folder, publish with one rename: a crash never leaves half an entry.
+        const fs::path tmp = fs::path(opt.cache_dir) / (".tmp-" + r.key + "-" + std::to_string(getpid()));
+        fs::create_directories(tmp);
+        write_file(tmp / "kernel.cu", job.source);
+        write_file(tmp / "fact_gemm_abi.h", abi_header_text());
+        std::vector<std::string> argv = {opt.nvcc};
+        argv.insert(argv.end(), flags.begin(), flags.end());
+        for (const auto& inc : {fs::path(opt.cutlass_dir) / "include", fs::path(opt.cutlass_dir) / "tools" / "util" / "include", tmp}) {
+          argv.push_back("-I" + inc.string());
+        }
+        argv.insert(argv.end(), {(tmp / "kernel.cu").string(), "-o", (tmp / "kernel.so").string()});
+        const int rc = run_logged(argv, tmp / "build.log");
+        r.ok = rc == 0 && fs::exists(tmp / "kernel.so");
+        write_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok}, {"rc", rc}}).dump(2));
+        if (r.ok) {
+          std::error_code ec;
+          fs::rename(tmp, entry, ec);
+          if (ec) fs::remove_all(tmp);  // another process published the same key first
+        } else {
+          const fs::path failed = fs::path(opt.cache_dir) / ("failed-" + r.key);
+          fs::remove_all(failed);
+          fs::rename(tmp, failed);
+          r.log = (failed / "build.log").string();
+          r.library.clear();
+          r.error = first_error_lines(read_file(r.log));
+        }
+      }
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const size_t n = ++done;
+      if (!opt.quiet) {
+        std::lock_guard<std::mutex> lock(print);
+        std::cerr << "[" << n << "/" << jobs.size() << "] " << job.name << ": "
+                  << (r.cached ? "cached" : r.ok ? "compiled" : "FAILED (" + r.log + ")");
+        if (!r.cached) std::cerr << " in " << static_cast<int>(r.seconds) << " s";
+        std::cerr << std::endl;
+      }
+    }
+  };
+  const int n_jobs = opt.jobs > 0 ? opt.jobs : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::min<int>(n_jobs, static_cast<int>(jobs.size())); ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  return results;
+}
+
+}  // namespace fact::realize

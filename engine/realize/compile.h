@@ -1,0 +1,50 @@
+// The compile driver: nvcc in parallel (one job per core by default) into a content-addressed
+// kernel cache. The cache key is the SHA-256 of the source, the flags, nvcc's version, CUTLASS's
+// version and the arch -- not the problem sizes, so one binary serves every shape it can
+// implement. A failed compile keeps its log and is reported per kernel; the run goes on.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fact::realize {
+
+struct CompileOptions {
+  std::string nvcc = "nvcc";
+  std::string cutlass_dir;  // holds include/ and tools/util/include/
+  std::string cache_dir;    // default: $FACT_CACHE_DIR or ~/.cache/fact/kernels
+  std::string arch = "sm90";
+  int jobs = 0;             // 0: hardware concurrency
+  bool quiet = false;
+};
+
+struct CompileJob {
+  std::string name;
+  std::string source;
+};
+
+struct CompileResult {
+  std::string name;
+  std::string key;
+  bool ok = false;
+  bool cached = false;
+  std::string library;  // path of the .so in the cache
+  std::string log;      // path of the build log
+  std::string error;    // first lines of the compiler's complaint, when !ok
+  double seconds = 0;
+};
+
+// Where CUTLASS lives: $CUTLASS_DIR, else empty (the caller must say). UserError when a given
+// directory does not hold CUTLASS's headers.
+std::string find_cutlass(const std::string& hint);
+std::string cutlass_version(const std::string& cutlass_dir);
+std::string nvcc_version(const std::string& nvcc);
+std::string default_cache_dir();
+std::vector<std::string> nvcc_flags(const CompileOptions& opt);
+std::string sha256_hex(const std::string& data);
+
+// Compile every job (cached ones are reused); results in job order. Progress goes to stderr.
+std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, const CompileOptions& opt);
+
+}  // namespace fact::realize

@@ -1,0 +1,55 @@
+#include "realize/config.h"
+
+namespace fact::realize {
+
+std::string GemmConfig::name() const {
+  auto sched = [](const std::string& s) {
+    if (s == "cooperative") return std::string("coop");
+    if (s == "pingpong") return std::string("pp");
+    if (s == "tma_cooperative") return std::string("tmacoop");
+    return s;
+  };
+  std::string n = "t" + std::to_string(tile_m) + "x" + std::to_string(tile_n) + "x" + std::to_string(tile_k) +
+                  "_c" + std::to_string(cluster_m) + "x" + std::to_string(cluster_n) + "_" +
+                  sched(kernel_schedule) + "_" + sched(epilogue_schedule) + "_s" +
+                  (stages == 0 ? std::string("auto") : std::to_string(stages)) + "_" + tile_scheduler;
+  if (math != "default") n += "_" + math;
+  return n;
+}
+
+nlohmann::json GemmConfig::to_json() const {
+  return {{"name", name()},
+          {"tile", {tile_m, tile_n, tile_k}},
+          {"cluster", {cluster_m, cluster_n}},
+          {"kernel_schedule", kernel_schedule},
+          {"epilogue_schedule", epilogue_schedule},
+          {"stages", stages},
+          {"tile_scheduler", tile_scheduler},
+          {"math", math}};
+}
+
+GemmConfig GemmConfig::from_json(const nlohmann::json& j) {
+  GemmConfig c;
+  c.tile_m = j.at("tile").at(0);
+  c.tile_n = j.at("tile").at(1);
+  c.tile_k = j.at("tile").at(2);
+  c.cluster_m = j.at("cluster").at(0);
+  c.cluster_n = j.at("cluster").at(1);
+  c.kernel_schedule = j.at("kernel_schedule");
+  c.epilogue_schedule = j.at("epilogue_schedule");
+  c.stages = j.value("stages", 0);
+  c.tile_scheduler = j.value("tile_scheduler", std::string("persistent"));
+  c.math = j.value("math", std::string("default"));
+  return c;
+}
+
+std::string LaunchKnobs::name() const {
+  const std::string r = raster == "heuristic" ? "heur" : raster == "along_m" ? "m" : "n";
+  return "r_" + r + "_s" + std::to_string(max_swizzle) + "_k" + std::to_string(splits);
+}
+
+nlohmann::json LaunchKnobs::to_json() const {
+  return {{"raster", raster}, {"max_swizzle", max_swizzle}, {"splits", splits}};
+}
+
+}  // namespace fact::realize

@@ -1,0 +1,38 @@
+// A kernel configuration: the compile-time parameters of one CUTLASS kernel instance, plus the
+// run-time knobs that the same binary takes per launch. Configs are plain data; the procedural
+// name encodes every compile-time field and is the config's identity (and part of its cache key).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace fact::realize {
+
+// Compile-time: one binary per distinct value of these.
+struct GemmConfig {
+  int tile_m = 128, tile_n = 128, tile_k = 64;
+  int cluster_m = 1, cluster_n = 1;
+  std::string kernel_schedule = "cooperative";      // cooperative | pingpong (sm90 warp-specialized)
+  std::string epilogue_schedule = "tma_cooperative";  // tma_cooperative | tma (matches the kernel schedule)
+  int stages = 0;                                   // 0: as many as shared memory allows
+  std::string tile_scheduler = "persistent";        // persistent | stream_k
+  std::string math = "default";                     // default | tf32 | 3xtf32 (f32 operands)
+
+  std::string name() const;  // "t128x128x64_c2x1_coop_tmacoop_sauto_persistent"
+  nlohmann::json to_json() const;
+  static GemmConfig from_json(const nlohmann::json& j);
+  bool operator==(const GemmConfig&) const = default;
+};
+
+// Run-time knobs of one launch of a compiled kernel (no recompilation to change them).
+struct LaunchKnobs {
+  std::string raster = "heuristic";  // heuristic | along_m | along_n
+  int max_swizzle = 1;               // 1, 2, 4, 8
+  int splits = 1;                    // split-K factor (stream_k scheduler), 1 = none
+
+  std::string name() const;  // "r_heur_s1_k1"
+  nlohmann::json to_json() const;
+};
+
+}  // namespace fact::realize

@@ -1,0 +1,343 @@
+#include "realize/emit.h"
+
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "ir/error.h"
+#include "realize_templates.h"
+
+namespace fact::realize {
+
+using nlohmann::json;
+
+namespace {
+
+std::string cutlass_element(const std::string& dtype) {
+  if (dtype == "bf16") return "cutlass::bfloat16_t";
+  if (dtype == "f16") return "cutlass::half_t";
+  if (dtype == "f32") return "float";
+  throw NotSupported("dtype " + dtype + " has no CUTLASS sm90 GEMM path in FACT yet");
+}
+
+std::string float_literal(const json& v) {
+  FACT_CHECK(v.is_number() || v.is_string(), "epilogue constant is neither a number nor inf/nan: " + v.dump());
+  if (v.is_string()) {
+    const auto s = v.get<std::string>();
+    if (s == "inf") return "INFINITY";
+    if (s == "-inf") return "(-INFINITY)";
+    return "NAN";
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9gf", v.get<double>());
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s.insert(s.size() - 1, ".0");
+  return s;
+}
+
+// Transcendentals of the epilogue. A 16-bit output rounds to 8 (bf16) or 11 (fp16) bits, so the
+// hardware approximations (tanh.approx, ex2.approx: relative error ~2^-11) are below its rounding
+// and cost one MUFU instruction instead of tens; f32 outputs keep the accurate libm calls.
+struct MathFns {
+  std::string tanh = "tanhf", exp = "expf";
+};
+
+// One function of the epilogue as a C++ float expression over its argument variables.
+std::string function_expr(const json& e, const std::vector<std::string>& a, const MathFns& m) {
+  const std::string fn = e.at("op");
+  std::vector<std::string> p;
+  if (e.contains("params")) {
+    for (const auto& v : e["params"]) p.push_back(float_literal(v));
+  }
+  auto param = [&](size_t i, const char* dflt) { return i < p.size() ? p[i] : std::string(dflt); };
+  auto cmp = [&](const char* op) { return "(" + a[0] + " " + op + " " + a[1] + " ? 1.0f : 0.0f)"; };
+  if (fn == "add") return a[0] + " + " + a[1];
+  if (fn == "sub") return a[0] + " - " + a[1];
+  if (fn == "mul") return a[0] + " * " + a[1];
+  if (fn == "div") return a[0] + " / " + a[1];
+  if (fn == "minimum") return "fminf(" + a[0] + ", " + a[1] + ")";
+  if (fn == "maximum") return "fmaxf(" + a[0] + ", " + a[1] + ")";
+  if (fn == "pow") return "powf(" + a[0] + ", " + a[1] + ")";
+  if (fn == "where") return "(" + a[0] + " != 0.0f ? " + a[1] + " : " + a[2] + ")";
+  if (fn == "eq") return cmp("==");
+  if (fn == "ne") return cmp("!=");
+  if (fn == "lt") return cmp("<");
+  if (fn == "le") return cmp("<=");
+  if (fn == "gt") return cmp(">");
+  if (fn == "ge") return cmp(">=");
+  if (fn == "logical_not") return "(" + a[0] + " == 0.0f ? 1.0f : 0.0f)";
+  if (fn == "neg") return "-" + a[0];
+  if (fn == "exp") return m.exp + "(" + a[0] + ")";
+  if (fn == "log") return "logf(" + a[0] + ")";
+  if (fn == "sqrt") return "sqrtf(" + a[0] + ")";
+  if (fn == "rsqrt") return "rsqrtf(" + a[0] + ")";
+  if (fn == "reciprocal") return "1.0f / " + a[0];
+  if (fn == "abs") return "fabsf(" + a[0] + ")";
+  if (fn == "square") return a[0] + " * " + a[0];
+  if (fn == "erf") return "erff(" + a[0] + ")";
+  if (fn == "sin") return "sinf(" + a[0] + ")";
+  if (fn == "cos") return "cosf(" + a[0] + ")";
+  if (fn == "tanh") return m.tanh + "(" + a[0] + ")";
+  if (fn == "sigmoid") return "1.0f / (1.0f + " + m.exp + "(-" + a[0] + "))";
+  if (fn == "relu") return "fmaxf(" + a[0] + ", 0.0f)";
+  if (fn == "silu") return a[0] + " / (1.0f + " + m.exp + "(-" + a[0] + "))";
+  if (fn == "gelu_erf") return "0.5f * " + a[0] + " * (1.0f + erff(" + a[0] + " * 0.70710678118654752f))";
+  if (fn == "gelu_tanh") {
+    return "0.5f * " + a[0] + " * (1.0f + " + m.tanh + "(0.79788456080286536f * (" + a[0] + " + 0.044715f * " + a[0] +
+           " * " + a[0] + " * " + a[0] + ")))";
+  }
+  if (fn == "softplus") {
+    const auto beta = param(0, "1.0f"), threshold = param(1, "20.0f");
+    return "(" + beta + " * " + a[0] + " > " + threshold + " ? " + a[0] + " : log1pf(" + m.exp + "(" + beta + " * " + a[0] +
+           ")) / " + beta + ")";
+  }
+  if (fn == "mish") return a[0] + " * " + m.tanh + "(" + a[0] + " > 20.0f ? " + a[0] + " : log1pf(" + m.exp + "(" + a[0] + ")))";
+  if (fn == "hardswish") return a[0] + " * fminf(fmaxf(" + a[0] + " + 3.0f, 0.0f), 6.0f) / 6.0f";
+  if (fn == "hardsigmoid") return "fminf(fmaxf(" + a[0] + " + 3.0f, 0.0f), 6.0f) / 6.0f";
+  if (fn == "leaky_relu") return "(" + a[0] + " >= 0.0f ? " + a[0] + " : " + a[0] + " * " + param(0, "0.01f") + ")";
+  if (fn == "hardtanh") return "fminf(fmaxf(" + a[0] + ", " + param(0, "-1.0f") + "), " + param(1, "1.0f") + ")";
+  if (fn == "clamp") return "fminf(fmaxf(" + a[0] + ", " + param(0, "(-INFINITY)") + "), " + param(1, "INFINITY") + ")";
+  if (fn == "elu") {
+    return param(1, "1.0f") + " * (" + a[0] + " > 0.0f ? " + a[0] + " : " + param(0, "1.0f") + " * (" + m.exp + "(" + a[0] +
+           " * " + param(2, "1.0f") + ") - 1.0f))";
+  }
+  if (fn == "cast") {
+    const std::string dtype = e.value("dtype", "f32");
+    if (dtype == "bf16") return "float(cutlass::bfloat16_t(" + a[0] + "))";
+    if (dtype == "f16") return "float(cutlass::half_t(" + a[0] + "))";
+    if (dtype == "f32" || dtype == "f64") return a[0];
+    throw NotSupported("a cast to " + dtype + " inside an epilogue");
+  }
+  throw NotSupported("epilogue function '" + fn + "' has no CUDA emission yet");
+}
+
+// The functor body: one `const float vN = ...;` per SSA entry, then out[i] = v<root>.
+std::string functor_body(const json& ssa, size_t n_operands, const MathFns& math) {
+  std::ostringstream os;
+  std::string last;
+  for (const auto& e : ssa) {
+    const std::string v = "v" + std::to_string(e.at("id").get<int>());
+    const std::string op = e.at("op");
+    std::string rhs;
+    if (op == "acc") {
+      rhs = "x0[i]";
+    } else if (op == "operand") {
+      const int idx = e.at("index");
+      FACT_CHECK(static_cast<size_t>(idx) < n_operands, "epilogue operand index out of range");
+      rhs = "x" + std::to_string(idx + 1) + "[i]";
+    } else if (op == "constant") {
+      rhs = float_literal(e.at("value"));
+    } else {
+      std::vector<std::string> args;
+      for (const auto& a : e.at("args")) args.push_back("v" + std::to_string(a.get<int>()));
+      rhs = function_expr(e, args, math);
+    }
+    os << "      const float " << v << " = " << rhs << ";\n";
+    last = v;
+  }
+  os << "      out[i] = " << last << ";";
+  return os.str();
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars) {
+  std::string out;
+  out.reserve(text.size() * 2);
+  std::set<std::string> used;
+  size_t pos = 0;
+  while (true) {
+    const size_t start = text.find("${", pos);
+    if (start == std::string::npos) {
+      out.append(text, pos, std::string::npos);
+      break;
+    }
+    const size_t end = text.find('}', start);
+    FACT_CHECK(end != std::string::npos, "unterminated ${ in template");
+    const std::string key = text.substr(start + 2, end - start - 2);
+    auto it = vars.find(key);
+    FACT_CHECK(it != vars.end(), "template placeholder ${" + key + "} has no value");
+    out.append(text, pos, start - pos);
+    out += it->second;
+    used.insert(key);
+    pos = end + 1;
+  }
+  for (const auto& [k, v] : vars) FACT_CHECK(used.count(k), "template variable '" + k + "' is not used");
+  return out;
+}
+
+const char* abi_header_text() { return templates::kAbiHeader; }
+
+GemmSpec GemmSpec::from_pattern(const json& p) {
+  GemmSpec s;
+  s.family = p.at("family");
+  if (s.family != "gemm" && s.family != "horizontal_gemm") {
+    throw NotSupported("family " + s.family + " has no GEMM kernel template yet");
+  }
+  const auto& a = p.at("attrs");
+  s.dtype_a = a.at("dtype_a");
+  s.dtype_b = a.at("dtype_b");
+  s.dtype_out = a.at("dtype_out");
+  s.layout_a = a.at("layout_a");
+  s.layout_b = a.at("layout_b");
+  if (s.layout_a == "strided" || s.layout_b == "strided") {
+    throw NotSupported("an operand is neither row- nor column-major (a strided view needs a copy)");
+  }
+  if (s.dtype_a != s.dtype_b) throw NotSupported("mixed A/B dtypes (" + s.dtype_a + ", " + s.dtype_b + ")");
+  if (s.dtype_a == "f32" && (s.layout_a != "row" || s.layout_b != "col")) {
+    // CUTLASS builds these (tf32 WGMMA reads K-major operands only, so its builder swaps or
+    // transposes through registers), but on the H200 every such kernel failed verification
+    // (bench run of 2026-11-30: rel err 1.41, unwritten outputs). Refuse until that is understood.
+    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + s.layout_a + " A, " +
+                       s.layout_b + " B");
+  }
+  // Epilogue operands follow A and B in the plan's operand list.
+  const auto& ops = p.at("operands");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const std::string role = ops[i].at("role");
+    if (role == "a" || role == "b") continue;
+    EpilogueOperand o;
+    o.kind = ops[i].value("broadcast", "");
+    o.node = ops[i].value("node", "");
+    const std::string type = ops[i].value("type", "");
+    o.dtype = type.substr(0, type.find('['));
+    if (o.kind.empty()) throw NotSupported("operand '" + o.node + "' has no broadcast kind");
+    s.operands.push_back(o);
+  }
+  if (p.contains("epilogue_expr")) {
+    s.ssa = p["epilogue_expr"].at("ssa");
+    s.epilogue_text = p["epilogue_expr"].value("text", "acc");
+  } else {
+    // Horizontal fusion: acc, plus the concatenated bias when the parts have one.
+    s.ssa = json::array({{{"id", 0}, {"op", "acc"}}});
+    s.epilogue_text = "acc";
+    if (!s.operands.empty()) {
+      s.operands.resize(1);  // the parts' biases, concatenated into one row vector at run time
+      s.ssa.push_back({{"id", 1}, {"op", "operand"}, {"index", 0}});
+      s.ssa.push_back({{"id", 2}, {"op", "add"}, {"args", {0, 1}}});
+      s.epilogue_text = "acc + bias";
+    }
+  }
+  int full = 0;
+  for (const auto& o : s.operands) full += o.kind == "full" ? 1 : 0;
+  if (full > 1) throw NotSupported("more than one full-size epilogue operand (only C is fetched so far)");
+  if (s.operands.size() > 8) throw NotSupported("more than 8 epilogue operands");
+  return s;
+}
+
+std::string GemmSpec::id() const {
+  json j = {{"family", family}, {"a", dtype_a}, {"b", dtype_b}, {"out", dtype_out}, {"la", layout_a},
+            {"lb", layout_b}, {"ssa", ssa}};
+  for (const auto& o : operands) j["ops"].push_back({o.kind, o.dtype});
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(j.dump())));
+  return std::string(buf).substr(0, 10);
+}
+
+EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
+  // f32 operands run as tf32 WGMMA; CUTLASS's builder transposes non-K-major operands itself.
+  if (c.math == "3xtf32") throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels, not emitted yet");
+  MathFns math;
+  if (spec.dtype_out == "bf16" || spec.dtype_out == "f16") math = {"cutlass::fast_tanh", "cutlass::fast_exp"};
+  EmittedKernel k;
+  const std::string dt = spec.dtype_a == spec.dtype_out ? spec.dtype_a : spec.dtype_a + "to" + spec.dtype_out;
+  k.name = "fact_gemm_" + dt + "_" + spec.layout_a.substr(0, 1) + spec.layout_b.substr(0, 1) + "_" + spec.id() +
+           "_" + c.name();
+
+  std::string leaves, fusion_args = "{{}", checks, c_pointer = "nullptr", c_ld = "0", c_batch = "0";
+  std::string element_c = "void";
+  std::string params = "T const& x0";
+  for (size_t i = 0; i < spec.operands.size(); ++i) {
+    const auto& o = spec.operands[i];
+    const std::string el = cutlass_element(o.dtype.empty() ? spec.dtype_out : o.dtype);
+    const std::string idx = std::to_string(i);
+    params += ", T const& x" + std::to_string(i + 1);
+    if (o.kind == "row") {
+      leaves += ",\n    Sm90RowBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_0, _1, int64_t>>";
+      fusion_args += ", {static_cast<const " + el + "*>(p->operands[" + idx + "]), " + el + "(0), {_0{}, _1{}, p->operand_batch_stride[" + idx + "]}}";
+    } else if (o.kind == "col") {
+      leaves += ",\n    Sm90ColBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_1, _0, int64_t>>";
+      fusion_args += ", {static_cast<const " + el + "*>(p->operands[" + idx + "]), " + el + "(0), {_1{}, _0{}, p->operand_batch_stride[" + idx + "]}}";
+    } else if (o.kind == "scalar") {
+      leaves += ",\n    Sm90ScalarBroadcast<" + el + ">";
+      fusion_args += ", {{" + el + "(0)}, {static_cast<const " + el + "*>(p->operands[" + idx + "])}}";
+    } else if (o.kind == "full") {
+      leaves += ",\n    Sm90SrcFetch<ElementC>";
+      fusion_args += ", {}";
+      element_c = el;
+      c_pointer = "p->operands[" + idx + "]";
+      c_ld = "p->operand_ld[" + idx + "]";
+      c_batch = "p->operand_batch_stride[" + idx + "]";
+    } else {
+      throw NotSupported("epilogue operand kind '" + o.kind + "'");
+    }
+    checks += "  if (!p->operands[" + idx + "]) return fail(FACT_INVALID_ARGS, \"epilogue operand " + idx + " (" +
+              o.kind + ", " + o.node + ") is null\");\n";
+  }
+  fusion_args += ", {}}";
+  if (c.tile_scheduler != "stream_k") {
+    checks += "  if (p->splits > 1) return fail(FACT_INVALID_ARGS, \"split-K needs a stream_k kernel\");\n";
+  }
+  const bool coop = c.kernel_schedule == "cooperative";
+  json info = {{"family", spec.family},
+               {"dtype_a", spec.dtype_a},
+               {"dtype_b", spec.dtype_b},
+               {"dtype_out", spec.dtype_out},
+               {"layout_a", spec.layout_a},
+               {"layout_b", spec.layout_b},
+               {"epilogue", spec.epilogue_text},
+               {"operands", json::array()},
+               {"config", c.to_json()}};
+  for (const auto& o : spec.operands) info["operands"].push_back({{"kind", o.kind}, {"dtype", o.dtype}});
+  const std::map<std::string, std::string> vars = {
+      {"fact_version", "0.1.0"},
+      {"kernel_name", k.name},
+      {"epilogue_text", spec.epilogue_text},
+      {"element_a", cutlass_element(spec.dtype_a)},
+      {"element_b", cutlass_element(spec.dtype_b)},
+      {"element_c", element_c},
+      {"element_d", cutlass_element(spec.dtype_out)},
+      {"align_c", element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
+      {"layout_a", spec.layout_a == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
+      {"layout_b", spec.layout_b == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
+      {"tile_m", std::to_string(c.tile_m)},
+      {"tile_n", std::to_string(c.tile_n)},
+      {"tile_k", std::to_string(c.tile_k)},
+      {"cluster_m", std::to_string(c.cluster_m)},
+      {"cluster_n", std::to_string(c.cluster_n)},
+      {"kernel_schedule", coop ? "cutlass::gemm::KernelTmaWarpSpecializedCooperative"
+                               : "cutlass::gemm::KernelTmaWarpSpecializedPingpong"},
+      {"epilogue_schedule", c.epilogue_schedule == "tma_cooperative" ? "cutlass::epilogue::TmaWarpSpecializedCooperative"
+                                                                     : "cutlass::epilogue::TmaWarpSpecialized"},
+      {"tile_scheduler", c.tile_scheduler == "stream_k" ? "cutlass::gemm::StreamKScheduler"
+                                                        : "cutlass::gemm::PersistentScheduler"},
+      {"stage_count",
+       c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
+                    : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
+      {"functor_params", params},
+      {"functor_body", functor_body(spec.ssa, spec.operands.size(), math)},
+      {"evt_leaves", leaves},
+      {"fusion_arguments", fusion_args},
+      {"c_pointer", c_pointer},
+      {"c_ld", c_ld},
+      {"c_batch_stride", c_batch},
+      {"scheduler_splits", c.tile_scheduler == "stream_k" ? "a.scheduler.splits = p->splits > 0 ? p->splits : 1;"
+                                                          : "// persistent scheduler: no split-K"},
+      {"operand_checks", checks},
+      {"kernel_info", info.dump()},
+  };
+  k.source = substitute(templates::kGemmSm90, vars);
+  return k;
+}
+
+}  // namespace fact::realize

@@ -1,0 +1,57 @@
+// Emission: a GEMM-family pattern (as the plan describes it) plus a GemmConfig -> one CUDA C++
+// source for sm_90a that exports the C ABI in abi/fact_gemm_abi.h.
+//
+// The pattern's epilogue expression becomes one compute node over fragments at the root of an
+// epilogue visitor tree whose leaves fetch the accumulator and the operands (row and column
+// broadcasts, scalars, one full tensor through C). Substitution into the template is strict:
+// an unknown or leftover ${placeholder} is an internal error.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "realize/config.h"
+
+namespace fact::realize {
+
+// A pattern FACT cannot (yet) turn into a kernel; the reason goes into the results table.
+struct NotSupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct EpilogueOperand {
+  std::string kind;   // row | col | scalar | full
+  std::string dtype;  // bf16 | f16 | f32
+  std::string node;   // graph node it reads, for reports
+};
+
+// What a GEMM kernel computes, independent of the graph: read from one plan pattern.
+struct GemmSpec {
+  std::string family;  // gemm | horizontal_gemm
+  std::string dtype_a, dtype_b, dtype_out;
+  std::string layout_a, layout_b;  // row | col
+  nlohmann::json ssa;              // epilogue expression (see discover/expr.h)
+  std::string epilogue_text;
+  std::vector<EpilogueOperand> operands;
+
+  static GemmSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be
+  std::string id() const;  // short stable hash of everything but the config
+};
+
+struct EmittedKernel {
+  std::string name;    // fact_gemm_<spec id>_<config name>
+  std::string source;  // the .cu text
+};
+
+EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& config);
+
+// ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
+std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
+
+// The ABI header every generated kernel includes (written beside the sources).
+const char* abi_header_text();
+
+}  // namespace fact::realize

@@ -1,0 +1,216 @@
+"""ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h).
+
+The header is authoritative: `FactGemmArgs` below lists its fields in the same order with the same
+C types, and tests/python/test_tune_cpu.py compiles the header with gcc to check every offset.
+Nothing here needs torch or a GPU: a `KernelLibrary` only dlopens the .so and calls its exported
+functions; pointers are plain integers (device addresses on a GPU, host addresses in the CPU
+tests' fake kernels).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from fact.errors import FactError
+
+FACT_ABI_VERSION = 1
+FACT_MAX_EPILOGUE_OPERANDS = 8
+
+
+class Status(enum.IntEnum):
+    """enum FactStatus: what fact_gemm_can_implement and fact_gemm_run return."""
+
+    OK = 0
+    NOT_SUPPORTED = 1  # the kernel cannot implement this problem (alignment, sizes)
+    INVALID_ARGS = 2  # a null pointer, a missing operand, a bad knob
+    CUDA_ERROR = 3  # a CUDA call failed; the message says which
+    WORKSPACE_TOO_SMALL = 4
+
+
+def status_name(code: int) -> str:
+    """'NOT_SUPPORTED' for 1; codes outside the enum print as numbers (a broken kernel)."""
+    try:
+        return Status(code).name
+    except ValueError:
+        return f"status {code}"
+
+
+_I64 = ctypes.c_int64
+_PTR = ctypes.c_void_p
+_N = FACT_MAX_EPILOGUE_OPERANDS
+
+#: Run-time raster knob: LaunchKnobs' names (engine/realize/config.h) to the ABI's ints.
+RASTER = {"heuristic": 0, "along_m": 1, "along_n": 2}
+
+
+class FactGemmArgs(ctypes.Structure):
+    """typedef struct FactGemmArgs: D[l, m, n] = epilogue(sum_k A[l, m, k] * B[l, k, n], ...).
+
+    Sizes, leading dimensions and batch strides are in elements; pointers are integers.
+    """
+
+    _fields_ = [
+        ("m", _I64),
+        ("n", _I64),
+        ("k", _I64),
+        ("batch", _I64),
+        ("a", _PTR),
+        ("lda", _I64),
+        ("batch_stride_a", _I64),
+        ("b", _PTR),
+        ("ldb", _I64),
+        ("batch_stride_b", _I64),
+        ("d", _PTR),
+        ("ldd", _I64),
+        ("batch_stride_d", _I64),
+        ("operands", _PTR * _N),
+        ("operand_ld", _I64 * _N),
+        ("operand_batch_stride", _I64 * _N),
+        ("raster", ctypes.c_int),
+        ("max_swizzle", ctypes.c_int),
+        ("splits", ctypes.c_int),
+        ("sm_count", ctypes.c_int),
+    ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain Python values (arrays as lists; null pointers as 0)."""
+        out: dict[str, Any] = {}
+        for name, _ in self._fields_:
+            value = getattr(self, name)
+            if isinstance(value, ctypes.Array):
+                value = [v or 0 for v in value]
+            elif value is None:
+                value = 0
+            out[name] = value
+        return out
+
+
+class AbiError(FactError):
+    """A file is not a loadable FACT kernel library of this ABI version."""
+
+
+class KernelStatusError(FactError):
+    """A kernel call returned a status other than FACT_OK."""
+
+    def __init__(self, status: int, message: str, library: str = ""):
+        self.status = status
+        self.kernel_message = message
+        where = f"{library}: " if library else ""
+        super().__init__(f"{where}{status_name(status)}: {message or '(no message)'}")
+
+
+# name -> (restype, argtypes) for every function the ABI exports.
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "fact_abi_version": (ctypes.c_int, []),
+    "fact_kernel_name": (ctypes.c_char_p, []),
+    "fact_kernel_info": (ctypes.c_char_p, []),
+    "fact_gemm_can_implement": (ctypes.c_int, [ctypes.POINTER(FactGemmArgs)]),
+    "fact_gemm_workspace_size": (ctypes.c_size_t, [ctypes.POINTER(FactGemmArgs)]),
+    "fact_gemm_run": (
+        ctypes.c_int,
+        [ctypes.POINTER(FactGemmArgs), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
+    ),
+    "fact_last_error": (ctypes.c_char_p, []),
+}
+
+
+def _text(raw: bytes | None) -> str:
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+class KernelLibrary:
+    """One generated kernel .so, loaded with dlopen and driven through the C ABI.
+
+    Construction checks that every ABI symbol is exported and that fact_abi_version() == 1, so a
+    stale or foreign library fails here, naming the file, rather than misreading the struct later.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise AbiError(f"{self.path}: no such kernel library")
+        try:
+            # RTLD_LOCAL: kernels built from the same template export the same symbol names;
+            # each library must keep its own.
+            self._dll = ctypes.CDLL(str(self.path.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as exc:
+            raise AbiError(f"{self.path}: cannot load the kernel library: {exc}") from exc
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            try:
+                fn = getattr(self._dll, name)
+            except AttributeError:
+                raise AbiError(
+                    f"{self.path}: not a FACT kernel library (it does not export {name})"
+                ) from None
+            fn.restype = restype
+            fn.argtypes = argtypes
+        version = self._dll.fact_abi_version()
+        if version != FACT_ABI_VERSION:
+            raise AbiError(
+                f"{self.path}: kernel ABI version {version}, but this FACT speaks version "
+                f"{FACT_ABI_VERSION}; rebuild the kernel with this FACT"
+            )
+        self.abi_version = version
+        self._info: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        """fact_kernel_name()."""
+        return _text(self._dll.fact_kernel_name())
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """fact_kernel_info() parsed: family, dtypes, layouts, epilogue, operands, config."""
+        if self._info is None:
+            raw = _text(self._dll.fact_kernel_info())
+            try:
+                self._info = json.loads(raw) if raw else {}
+            except json.JSONDecodeError as exc:
+                raise AbiError(f"{self.path}: fact_kernel_info() is not JSON: {exc}") from exc
+        return self._info
+
+    def can_implement(self, args: FactGemmArgs) -> int:
+        """fact_gemm_can_implement(): a Status code (message in last_error())."""
+        return int(self._dll.fact_gemm_can_implement(ctypes.byref(args)))
+
+    def workspace_size(self, args: FactGemmArgs) -> int:
+        """fact_gemm_workspace_size(): bytes of device workspace fact_gemm_run needs."""
+        return int(self._dll.fact_gemm_workspace_size(ctypes.byref(args)))
+
+    def run(
+        self,
+        args: FactGemmArgs,
+        workspace_ptr: int | None = None,
+        workspace_bytes: int = 0,
+        stream_ptr: int | None = None,
+    ) -> int:
+        """fact_gemm_run(): enqueue the GEMM on the stream; returns a Status code.
+
+        The launch is asynchronous on a GPU: a fault shows up at the next synchronization.
+        """
+        return int(
+            self._dll.fact_gemm_run(
+                ctypes.byref(args), workspace_ptr or None, workspace_bytes, stream_ptr or None
+            )
+        )
+
+    def last_error(self) -> str:
+        """fact_last_error(): the message of the last failed call on this thread."""
+        return _text(self._dll.fact_last_error())
+
+    def check(self, status: int) -> None:
+        """Raise KernelStatusError (with the kernel's message) unless status is FACT_OK."""
+        if status != Status.OK:
+            raise KernelStatusError(status, self.last_error(), str(self.path))
+
+    def symbol(self, name: str) -> Any:
+        """Any other exported function, for tests and diagnostics."""
+        return getattr(self._dll, name)
+
+    def __repr__(self) -> str:
+        return f"KernelLibrary({str(self.path)!r})"

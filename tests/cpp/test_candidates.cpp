@@ -1,0 +1,319 @@
+// Kernel candidates for GEMM-family matches on sm90: the literal lists, the constraint filter
+// and its reasons, the wave-model ranking, registry boosts and the top-N cut.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+#include <unistd.h>
+
+#include "ir/error.h"
+#include "realize/candidates.h"
+#include "registry/registry.h"
+
+namespace fact::realize {
+namespace {
+
+using discover::Family;
+using nlohmann::json;
+
+discover::Match gemm_match(int64_t m, int64_t n, int64_t k, const std::string& dtype = "bf16") {
+  discover::Match mt;
+  mt.rule = "gemm";
+  mt.family = Family::gemm;
+  mt.epilogue = {"bias"};
+  mt.problem = {{"batch", 1}, {"m", m}, {"n", n}, {"k", k}};
+  mt.attrs = {{"dtype_a", dtype},    {"dtype_b", dtype},    {"dtype_out", dtype},
+              {"layout_a", "row"},   {"layout_b", "col"},   {"accumulate", "f32"}};
+  return mt;
+}
+
+GemmConfig cfg(int tm, int tn, int tk, const std::string& schedule = "cooperative", int stages = 0,
+               const std::string& scheduler = "persistent") {
+  GemmConfig c;
+  c.tile_m = tm;
+  c.tile_n = tn;
+  c.tile_k = tk;
+  c.kernel_schedule = schedule;
+  c.epilogue_schedule = schedule == "cooperative" ? "tma_cooperative" : "tma";
+  c.stages = stages;
+  c.tile_scheduler = scheduler;
+  return c;
+}
+
+GemmProblem bf16_problem(int64_t m, int64_t n, int64_t k) { return GemmProblem::from_match(gemm_match(m, n, k)); }
+
+// The one config's fate: "" when kept, else its drop reason.
+std::string verdict(const GemmProblem& p, const GemmConfig& c) {
+  const auto r = filter_sm90(p, {c});
+  return r.kept.empty() ? r.dropped.at(0).reason : "";
+}
+
+TEST(Candidates, ProblemFromMatch) {
+  const auto p = bf16_problem(4096, 3072, 768);
+  EXPECT_EQ(p.family, "gemm");
+  EXPECT_EQ(p.m, 4096);
+  EXPECT_EQ(p.k, 768);
+  EXPECT_EQ(p.b_operands, 1);
+  auto g = gemm_match(64, 64, 64);
+  g.family = Family::gated_mlp;
+  EXPECT_EQ(GemmProblem::from_match(g).b_operands, 2);
+  auto attn = gemm_match(64, 64, 64);
+  attn.family = Family::attention;
+  EXPECT_THROW(GemmProblem::from_match(attn), UserError);
+  EXPECT_FALSE(supports_candidates(attn, "sm90"));
+  EXPECT_FALSE(supports_candidates(gemm_match(64, 64, 64), "sm80"));
+  CandidateOptions sm80;
+  sm80.arch = "sm80";
+  EXPECT_THROW(candidates(gemm_match(64, 64, 64), sm80), UserError);
+}
+
+TEST(Candidates, EnumerationIsTheLiteralList) {
+  const auto p = bf16_problem(8192, 8192, 4096);  // 4096 tiles of 128x128: no stream_k
+  const auto all = enumerate_sm90(p);
+  EXPECT_EQ(all.size(), 3u * 3u * 2u * 4u * 2u);  // tiles m x n x k, clusters, schedules
+  std::set<std::string> names;
+  for (const auto& c : all) {
+    names.insert(c.name());
+    EXPECT_EQ(c.stages, 0);
+    EXPECT_EQ(c.tile_scheduler, "persistent");
+    EXPECT_TRUE(c.tile_k == 64 || c.tile_k == 128);
+    EXPECT_EQ(c.epilogue_schedule, c.kernel_schedule == "cooperative" ? "tma_cooperative" : "tma");
+  }
+  EXPECT_EQ(names.size(), all.size());
+  EXPECT_TRUE(names.count("t128x128x64_c2x1_coop_tmacoop_sauto_persistent"));
+
+  // f32: tile_k 32 and the precision's tensor-core math.
+  const auto f32 = GemmProblem::from_match(gemm_match(8192, 8192, 4096, "f32"));
+  for (const auto& c : enumerate_sm90(f32, "highest")) {
+    EXPECT_EQ(c.tile_k, 32);
+    EXPECT_EQ(c.math, "3xtf32");
+  }
+  EXPECT_EQ(enumerate_sm90(f32, "high").at(0).math, "tf32");
+
+  // Long K (k >= 8 max(m, n)): every config also gets a stream_k twin.
+  const auto long_k = enumerate_sm90(bf16_problem(512, 512, 8192));
+  EXPECT_EQ(long_k.size(), 2 * all.size());
+  // Short of a wave: stream_k only for the configs whose tiles do not fill the SMs.
+  // 1024 x 1024: 64x64 tiles make 256 (two waves), 64x128 make 128 (under one).
+  size_t sk_64x64 = 0, sk_64x128 = 0;
+  for (const auto& c : enumerate_sm90(bf16_problem(1024, 1024, 1024))) {
+    if (c.tile_scheduler != "stream_k") continue;
+    sk_64x64 += c.tile_m == 64 && c.tile_n == 64;
+    sk_64x128 += c.tile_m == 64 && c.tile_n == 128;
+  }
+  EXPECT_EQ(sk_64x64, 0u);
+  EXPECT_EQ(sk_64x128, 2u * 4u * 2u);  // tile_k x clusters x schedules
+}
+
+TEST(Candidates, SharedMemoryOverflowIsDropped) {
+  const auto p = bf16_problem(4096, 4096, 4096);
+  // 256x256x128 bf16: 128 KB a stage; 4 stages need over 512 KB.
+  const auto many = verdict(p, cfg(256, 256, 128, "cooperative", 4));
+  EXPECT_NE(many.find("shared memory"), std::string::npos) << many;
+  EXPECT_NE(many.find("4 stages"), std::string::npos) << many;
+  // Not even 2 stages fit, so the auto stage count cannot save it either.
+  const auto autos = verdict(p, cfg(256, 256, 128));
+  EXPECT_NE(autos.find("shared memory"), std::string::npos) << autos;
+  EXPECT_NE(autos.find("for 2 stages"), std::string::npos) << autos;
+  // 128x256x128: 96 KB a stage. Auto fits 2, a fixed 3 does not; the registers are fine.
+  EXPECT_EQ(verdict(p, cfg(128, 256, 128)), "");
+  const auto three = verdict(p, cfg(128, 256, 128, "cooperative", 3));
+  EXPECT_NE(three.find("shared memory"), std::string::npos) << three;
+  EXPECT_EQ(three.find("registers"), std::string::npos) << three;
+  // The estimate itself.
+  const auto s = smem_sm90(p, cfg(128, 128, 64));
+  EXPECT_EQ(s.stage_bytes, 128 * 64 * 2 * 2 + 16);
+  EXPECT_EQ(s.epilogue_bytes, 2 * 128 * 32 * 2 + 1024);
+  EXPECT_EQ(s.stages, (kSm90SmemPerCta - s.epilogue_bytes) / s.stage_bytes);
+  EXPECT_LE(s.total_bytes, kSm90SmemPerCta);
+  EXPECT_NE(verdict(p, cfg(128, 128, 64, "cooperative", 1)).find("at least 2"), std::string::npos);
+}
+
+TEST(Candidates, ScheduleRulesAreEnforced) {
+  const auto p = bf16_problem(4096, 4096, 4096);
+  const auto coop64 = verdict(p, cfg(64, 128, 64, "cooperative"));
+  EXPECT_NE(coop64.find("cooperative"), std::string::npos) << coop64;
+  EXPECT_NE(coop64.find("tile_m >= 128"), std::string::npos) << coop64;
+  const auto pp256 = verdict(p, cfg(256, 64, 64, "pingpong"));
+  EXPECT_NE(pp256.find("pingpong"), std::string::npos) << pp256;
+  EXPECT_NE(pp256.find("tile_m <= 128"), std::string::npos) << pp256;
+  EXPECT_EQ(verdict(p, cfg(64, 128, 64, "pingpong")), "");
+  EXPECT_EQ(verdict(p, cfg(128, 128, 64, "pingpong")), "");
+  EXPECT_EQ(verdict(p, cfg(256, 128, 64, "cooperative")), "");
+  // Mismatched epilogue.
+  auto c = cfg(128, 128, 64, "cooperative");
+  c.epilogue_schedule = "tma";
+  EXPECT_NE(verdict(p, c).find("tma_cooperative epilogue"), std::string::npos);
+  // Clusters of more than 4 CTAs.
+  c = cfg(128, 128, 64);
+  c.cluster_m = 4;
+  c.cluster_n = 2;
+  EXPECT_NE(verdict(p, c).find("at most 4 CTAs"), std::string::npos);
+}
+
+TEST(Candidates, AccumulatorsMustFitRegisters) {
+  const auto p = bf16_problem(4096, 4096, 4096);
+  // 256x256 cooperative: 65536 accumulators over 256 threads = 256 each.
+  const auto coop = verdict(p, cfg(256, 256, 64, "cooperative"));
+  EXPECT_NE(coop.find("registers"), std::string::npos) << coop;
+  EXPECT_NE(coop.find("256 fp32 accumulators per thread"), std::string::npos) << coop;
+  // 128x256 pingpong: one warpgroup holds the whole tile, 256 each. Cooperative halves it.
+  EXPECT_NE(verdict(p, cfg(128, 256, 64, "pingpong")).find("registers"), std::string::npos);
+  EXPECT_EQ(verdict(p, cfg(128, 256, 64, "cooperative")), "");
+  EXPECT_EQ(verdict(p, cfg(64, 256, 64, "pingpong")), "");
+  // Gated MLP keeps two accumulators: 256x128 cooperative no longer fits.
+  auto g = gemm_match(4096, 4096, 4096);
+  g.family = Family::gated_mlp;
+  const auto gated = GemmProblem::from_match(g);
+  EXPECT_NE(verdict(gated, cfg(256, 128, 64, "cooperative")).find("x2 accumulators"), std::string::npos);
+  EXPECT_EQ(verdict(gated, cfg(128, 128, 64, "cooperative")), "");
+}
+
+TEST(Candidates, MisalignedProblemDropsEverything) {
+  // Row-major A with K = 4095 bf16: 8190-byte rows, not a multiple of 16. No config can run.
+  const auto c = candidates(gemm_match(4096, 4096, 4095));
+  EXPECT_TRUE(c.ranked.empty());
+  EXPECT_EQ(c.kept, 0u);
+  ASSERT_EQ(c.dropped.size(), c.enumerated);
+  for (const auto& d : c.dropped) {
+    EXPECT_NE(d.reason.find("K*2 bytes is not a multiple of 16"), std::string::npos) << d.reason;
+  }
+  // N of the output (and a column-major B's K) are checked the same way.
+  EXPECT_NE(verdict(bf16_problem(4096, 4100, 4096), cfg(128, 128, 64)).find("N*2 bytes"), std::string::npos);
+  // f32 needs multiples of 4 elements, bf16 of 8.
+  EXPECT_EQ(verdict(GemmProblem::from_match(gemm_match(4096, 4096, 4092, "f32")),
+                    [] {
+                      auto c = cfg(128, 128, 32);
+                      c.math = "tf32";
+                      return c;
+                    }()),
+            "");
+  // A strided operand has no unit-stride dimension for TMA.
+  auto s = gemm_match(4096, 4096, 4096);
+  s.attrs["layout_a"] = "strided";
+  EXPECT_NE(verdict(GemmProblem::from_match(s), cfg(128, 128, 64)).find("A is strided"), std::string::npos);
+}
+
+TEST(Candidates, FullWaveRanksAheadOfMostlyEmptyLastWave) {
+  // m = 11 x 128, n = 24 x 128. 128x128 tiles: 264 = exactly 2 waves on 132 SMs. 256x128 tiles:
+  // 6 x 24 = 144, so a second wave with 12 tiles and 120 idle SMs.
+  const auto p = bf16_problem(1408, 3072, 4096);
+  const auto full = cfg(128, 128, 64);
+  const auto ragged = cfg(256, 128, 64);
+  const auto ranked = rank_sm90(p, {ragged, full});
+  ASSERT_EQ(ranked.size(), 2u);
+  EXPECT_EQ(ranked[0].config, full);
+  EXPECT_LT(ranked[0].score, ranked[1].score);
+  EXPECT_NE(ranked[0].reasons.back().find("264 tiles: 2 waves, last 100% full"), std::string::npos)
+      << ranked[0].reasons.back();
+  bool ragged_reason = false;
+  for (const auto& r : ranked[1].reasons) ragged_reason |= r.find("144 tiles: 2 waves") != std::string::npos;
+  EXPECT_TRUE(ragged_reason);
+  // With one full wave of the bigger tile instead, the bigger (more efficient) tile wins.
+  const auto q = bf16_problem(256 * 11, 128 * 12, 4096);  // 132 tiles of 256x128
+  EXPECT_EQ(rank_sm90(q, {full, ragged})[0].config, ragged);
+}
+
+TEST(Candidates, StreamKHelpsAnUnderfilledWave) {
+  // 16 tiles of 128x128 and a long K: stream-K spreads the K iterations over all SMs.
+  const auto p = bf16_problem(512, 512, 16384);
+  const auto ranked = rank_sm90(p, {cfg(128, 128, 64), cfg(128, 128, 64, "cooperative", 0, "stream_k")});
+  EXPECT_EQ(ranked[0].config.tile_scheduler, "stream_k");
+}
+
+TEST(Candidates, TopNBoundsTheOutput) {
+  const auto m = gemm_match(4096, 3072, 768);
+  CandidateOptions opt;
+  opt.top_n = 3;
+  const auto three = candidates(m, opt);
+  EXPECT_EQ(three.ranked.size(), 3u);
+  EXPECT_GT(three.kept, 3u);
+  EXPECT_EQ(three.enumerated, three.kept + three.dropped.size());
+  EXPECT_EQ(candidates(m).ranked.size(), 8u);  // the default
+  opt.top_n = 100000;
+  const auto all = candidates(m, opt);
+  EXPECT_EQ(all.ranked.size(), all.kept);
+  for (size_t i = 1; i < all.ranked.size(); ++i) EXPECT_LE(all.ranked[i - 1].score, all.ranked[i].score);
+  // The cut keeps the best, and distinct kernels before cluster variants of one kernel.
+  EXPECT_EQ(three.ranked[0].config, all.ranked[0].config);
+  for (size_t i = 1; i < three.ranked.size(); ++i) EXPECT_LE(three.ranked[i - 1].score, three.ranked[i].score);
+  std::set<std::string> kernels;
+  for (const auto& r : candidates(m).ranked) {
+    auto c = r.config;
+    c.cluster_m = c.cluster_n = 1;
+    kernels.insert(c.name());
+  }
+  EXPECT_EQ(kernels.size(), 8u);
+  // Nothing kept violates a rule the filter knows.
+  for (const auto& r : all.ranked) EXPECT_EQ(verdict(all.problem, r.config), "") << r.config.name();
+}
+
+TEST(Candidates, DroppedLogIsJson) {
+  const auto c = candidates(gemm_match(4096, 3072, 768));
+  const auto log = dropped_json(c);
+  EXPECT_EQ(log["signature"], "gemm[bias]:bf16,bf16->bf16:row,col");
+  EXPECT_EQ(log["dropped"].size(), c.dropped.size());
+  ASSERT_FALSE(log["dropped"].empty());
+  for (const auto& d : log["dropped"]) {
+    EXPECT_TRUE(d["name"].is_string());
+    EXPECT_FALSE(d["reason"].get<std::string>().empty());
+    EXPECT_EQ(GemmConfig::from_json(d["config"]).name(), d["name"]);
+  }
+  const auto full = candidates_json(c);
+  EXPECT_EQ(full["ranked"].size(), c.ranked.size());
+  EXPECT_EQ(full["ranked"][0]["rank"], 1);
+  // Round-trips through text (what the caller writes to the run directory).
+  EXPECT_EQ(json::parse(full.dump()), full);
+}
+
+TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fact_cand_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto m = gemm_match(4096, 3072, 768);
+  CandidateOptions opt;
+  opt.top_n = 1000;
+  const auto before = candidates(m, opt);
+  ASSERT_GT(before.ranked.size(), 10u);
+  const auto target = before.ranked[10].config;  // a middling config
+  {
+    auto reg = registry::Registry::open_writable((dir / "r.db").string());
+    registry::Row row;
+    row.signature = before.signature;
+    row.arch = "sm90";
+    row.problem = m.problem;
+    row.config = target.to_json();
+    row.time_us = 100;
+    row.provenance = "tuned";
+    reg.insert(row);
+    // A tuned config outside the lists (fixed stages) joins the candidates.
+    // It measured twice as slow as the target, so it is not boosted.
+    auto extra = cfg(128, 128, 64, "pingpong", 4);
+    row.config = extra.to_json();
+    row.time_us = 200;
+    reg.insert(row);
+    opt.registry = &reg;
+    const auto after = candidates(m, opt);
+    EXPECT_EQ(after.ranked[0].config, target);
+    EXPECT_NE(after.ranked[0].reasons.back().find("registry"), std::string::npos);
+    EXPECT_EQ(after.enumerated, before.enumerated + 1);
+    bool has_extra = false;
+    for (const auto& r : after.ranked) has_extra |= r.config == extra;
+    EXPECT_TRUE(has_extra);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+TEST(Candidates, PingpongWithStreamKIsDropped) {
+  const auto p = bf16_problem(256, 256, 524288);
+  GemmConfig c = cfg(128, 128, 64, "pingpong", 0, "stream_k");
+  const auto r = filter_sm90(p, {c});
+  ASSERT_EQ(r.dropped.size(), 1u);
+  EXPECT_NE(r.dropped[0].reason.find("stream_k"), std::string::npos) << r.dropped[0].reason;
+  // What the large-K problem gets instead: cooperative stream_k kernels survive.
+  for (const auto& k : filter_sm90(p, enumerate_sm90(p)).kept) {
+    EXPECT_FALSE(k.kernel_schedule == "pingpong" && k.tile_scheduler == "stream_k") << k.name();
+  }
+}
+
+}  // namespace fact::realize

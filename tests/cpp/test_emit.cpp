@@ -1,0 +1,178 @@
+// Emission of CUTLASS sm90 GEMM sources: golden files for several configs and epilogues, strict
+// template substitution, and the patterns FACT refuses (with a reason) instead of miscompiling.
+//
+// Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R Emit.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ir/error.h"
+#include "realize/emit.h"
+
+namespace fact::realize {
+namespace {
+
+using nlohmann::json;
+
+json operand(const std::string& role, const std::string& type, const std::string& broadcast = "") {
+  json o = {{"role", role}, {"node", role + "_node"}, {"type", type}};
+  if (!broadcast.empty()) o["broadcast"] = broadcast;
+  return o;
+}
+
+// A plan pattern (docs/plan-format.md) with the fields emission reads.
+json pattern(const std::string& dtype, const std::string& la, const std::string& lb, json ssa,
+             std::vector<json> extra_operands, const std::string& text) {
+  json ops = {operand("a", dtype + "[64, 32]"), operand("b", dtype + "[32, 48]")};
+  for (auto& o : extra_operands) ops.push_back(o);
+  return {{"family", "gemm"},
+          {"attrs", {{"dtype_a", dtype}, {"dtype_b", dtype}, {"dtype_out", dtype}, {"layout_a", la}, {"layout_b", lb}}},
+          {"operands", ops},
+          {"epilogue_expr", {{"text", text}, {"ssa", ssa}}}};
+}
+
+json acc() { return {{"id", 0}, {"op", "acc"}}; }
+json opnd(int id, int index) { return {{"id", id}, {"op", "operand"}, {"index", index}}; }
+json fn(int id, const std::string& op, std::vector<int> args, json params = nullptr) {
+  json e = {{"id", id}, {"op", op}, {"args", args}};
+  if (!params.is_null()) e["params"] = params;
+  return e;
+}
+json constant(int id, json value) { return {{"id", id}, {"op", "constant"}, {"value", value}}; }
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+void expect_golden(const EmittedKernel& k, const std::string& file) {
+  const auto path = std::filesystem::path(FACT_TEST_DATA) / ".." / "golden" / file;
+  if (std::getenv("FACT_UPDATE_GOLDEN")) {
+    std::ofstream(path) << k.source;
+    GTEST_SKIP() << "updated " << path;
+  }
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run with FACT_UPDATE_GOLDEN=1";
+  EXPECT_EQ(k.source, read(path)) << "emitted source differs from " << path
+                                  << " (FACT_UPDATE_GOLDEN=1 to accept an intended change)";
+}
+
+GemmConfig config(int m, int n, int k, int cm, int cn, const std::string& sched, const std::string& scheduler = "persistent") {
+  GemmConfig c;
+  c.tile_m = m;
+  c.tile_n = n;
+  c.tile_k = k;
+  c.cluster_m = cm;
+  c.cluster_n = cn;
+  c.kernel_schedule = sched;
+  c.epilogue_schedule = sched == "cooperative" ? "tma_cooperative" : "tma";
+  c.tile_scheduler = scheduler;
+  return c;
+}
+
+TEST(Emit, PlainBf16GemmRowRowPingpong) {
+  const auto spec = GemmSpec::from_pattern(pattern("bf16", "row", "row", json::array({acc()}), {}, "acc"));
+  const auto k = emit_gemm_sm90(spec, config(128, 128, 64, 2, 1, "pingpong"));
+  EXPECT_NE(k.name.find("fact_gemm_bf16_rr_"), std::string::npos);
+  EXPECT_NE(k.name.find("_t128x128x64_c2x1_pp_tma_sauto_persistent"), std::string::npos);
+  expect_golden(k, "gemm_bf16_rr_plain_pingpong.cu");
+}
+
+TEST(Emit, BiasGeluTanhCooperativeCluster) {
+  const auto ssa = json::array({acc(), opnd(1, 0), fn(2, "add", {0, 1}), fn(3, "gelu_tanh", {2})});
+  const auto spec = GemmSpec::from_pattern(
+      pattern("bf16", "row", "col", ssa, {operand("bias", "bf16[48]", "row")}, "gelu_tanh(acc + bias)"));
+  const auto k = emit_gemm_sm90(spec, config(128, 256, 64, 2, 1, "cooperative"));
+  EXPECT_NE(k.source.find("Sm90RowBroadcast<0, TileShape, cutlass::bfloat16_t"), std::string::npos);
+  // bf16 output: the tanh.approx path (its error is below bf16 rounding).
+  EXPECT_NE(k.source.find("cutlass::fast_tanh(0.79788456080286536f"), std::string::npos);
+  expect_golden(k, "gemm_bf16_rc_bias_gelu_tanh_coop.cu");
+}
+
+TEST(Emit, ResidualReadsTheFullOperandThroughC) {
+  const auto ssa = json::array({acc(), opnd(1, 0), fn(2, "add", {0, 1}), opnd(3, 1), fn(4, "add", {3, 2})});
+  const auto spec = GemmSpec::from_pattern(pattern(
+      "f16", "row", "col", ssa, {operand("bias", "f16[48]", "row"), operand("x", "f16[64, 48]", "full")},
+      "x + (acc + bias)"));
+  const auto k = emit_gemm_sm90(spec, config(256, 128, 64, 1, 2, "cooperative"));
+  EXPECT_NE(k.source.find("using ElementC = cutlass::half_t;"), std::string::npos);
+  EXPECT_NE(k.source.find("Sm90SrcFetch<ElementC>"), std::string::npos);
+  EXPECT_NE(k.source.find("const void* c_ptr = p->operands[1];"), std::string::npos);
+  expect_golden(k, "gemm_f16_rc_bias_residual_coop.cu");
+}
+
+TEST(Emit, ColumnVectorScalarAndParamsOfActivations) {
+  // leaky_relu((acc - col) * scale, 0.2), then clamp to [0, inf): params carry the constants,
+  // an infinite bound included.
+  const auto ssa = json::array({acc(), opnd(1, 0), fn(2, "sub", {0, 1}), opnd(3, 1), fn(4, "mul", {2, 3}),
+                                fn(5, "leaky_relu", {4}, json::array({0.2})),
+                                fn(6, "clamp", {5}, json::array({0.0, "inf"}))});
+  const auto spec = GemmSpec::from_pattern(pattern(
+      "bf16", "col", "col", ssa, {operand("col", "f32[64, 1]", "col"), operand("s", "f32[]", "scalar")},
+      "clamp(leaky_relu((acc - col) * s))"));
+  const auto k = emit_gemm_sm90(spec, config(128, 128, 64, 1, 1, "cooperative"));
+  EXPECT_NE(k.source.find("Sm90ColBroadcast<0, TileShape, float"), std::string::npos);
+  EXPECT_NE(k.source.find("Sm90ScalarBroadcast<float>"), std::string::npos);
+  EXPECT_NE(k.source.find("v4 * 0.2f"), std::string::npos);
+  EXPECT_NE(k.source.find("INFINITY"), std::string::npos);
+  expect_golden(k, "gemm_bf16_cc_col_scalar_leaky_clamp.cu");
+}
+
+TEST(Emit, Tf32StreamKSplitsAreARuntimeKnob) {
+  const auto spec = GemmSpec::from_pattern(pattern("f32", "row", "col", json::array({acc()}), {}, "acc"));
+  auto c = config(128, 128, 32, 1, 1, "cooperative", "stream_k");
+  c.math = "tf32";
+  const auto k = emit_gemm_sm90(spec, c);
+  EXPECT_NE(k.source.find("cutlass::gemm::StreamKScheduler"), std::string::npos);
+  EXPECT_NE(k.source.find("a.scheduler.splits = p->splits"), std::string::npos);
+  EXPECT_EQ(k.source.find("fast_tanh"), std::string::npos);  // f32 output keeps accurate libm
+  expect_golden(k, "gemm_f32_rc_tf32_streamk.cu");
+}
+
+TEST(Emit, KernelNameChangesWithTheEpilogueButNotWithNodeNames) {
+  auto ssa = json::array({acc(), opnd(1, 0), fn(2, "add", {0, 1})});
+  auto p1 = pattern("bf16", "row", "col", ssa, {operand("bias", "bf16[48]", "row")}, "acc + bias");
+  auto p2 = p1;
+  p2["operands"][2]["node"] = "another_bias";
+  auto p3 = pattern("bf16", "row", "col", json::array({acc(), opnd(1, 0), fn(2, "mul", {0, 1})}),
+                    {operand("bias", "bf16[48]", "row")}, "acc * bias");
+  const auto c = config(128, 128, 64, 1, 1, "cooperative");
+  const auto k1 = emit_gemm_sm90(GemmSpec::from_pattern(p1), c);
+  EXPECT_EQ(k1.name, emit_gemm_sm90(GemmSpec::from_pattern(p2), c).name);  // one binary serves both
+  EXPECT_NE(k1.name, emit_gemm_sm90(GemmSpec::from_pattern(p3), c).name);
+}
+
+TEST(Emit, UnsupportedPatternsSayWhy) {
+  auto two_full = pattern("bf16", "row", "col",
+                          json::array({acc(), opnd(1, 0), fn(2, "add", {0, 1}), opnd(3, 1), fn(4, "add", {2, 3})}),
+                          {operand("x", "bf16[64, 48]", "full"), operand("y", "bf16[64, 48]", "full")}, "");
+  EXPECT_THROW(GemmSpec::from_pattern(two_full), NotSupported);
+  auto attention = pattern("bf16", "row", "col", json::array({acc()}), {}, "acc");
+  attention["family"] = "attention";
+  EXPECT_THROW(GemmSpec::from_pattern(attention), NotSupported);
+  auto strided = pattern("bf16", "strided", "col", json::array({acc()}), {}, "acc");
+  EXPECT_THROW(GemmSpec::from_pattern(strided), NotSupported);
+  // tf32 with an MN-major operand: built by CUTLASS but wrong on the H200 (see emit.cpp).
+  EXPECT_THROW(GemmSpec::from_pattern(pattern("f32", "row", "row", json::array({acc()}), {}, "acc")), NotSupported);
+  const auto spec = GemmSpec::from_pattern(pattern("f32", "row", "col", json::array({acc()}), {}, "acc"));
+  auto c = config(128, 128, 32, 1, 1, "cooperative");
+  c.math = "3xtf32";
+  EXPECT_THROW(emit_gemm_sm90(spec, c), NotSupported);
+  auto cast_int = pattern("bf16", "row", "col",
+                          json::array({acc(), json{{"id", 1}, {"op", "cast"}, {"args", {0}}, {"dtype", "i32"}}}), {}, "");
+  EXPECT_THROW(emit_gemm_sm90(GemmSpec::from_pattern(cast_int), c), NotSupported);
+}
+
+TEST(Substitute, IsStrict) {
+  EXPECT_EQ(substitute("a ${x} b ${y}", {{"x", "1"}, {"y", "2"}}), "a 1 b 2");
+  EXPECT_THROW(substitute("a ${x} ${z}", {{"x", "1"}}), InternalError);        // no value for z
+  EXPECT_THROW(substitute("a ${x}", {{"x", "1"}, {"unused", "2"}}), InternalError);  // leftover var
+  EXPECT_THROW(substitute("a ${x", {{"x", "1"}}), InternalError);               // unterminated
+}
+
+}  // namespace
+}  // namespace fact::realize

@@ -1,0 +1,1395 @@
+"""fact.tune without a GPU: the ABI mirror against the C header, the reference semantics against
+expr.cpp's function table, the inputs' layouts, and the whole harness (verify, time, the
+fault-isolated tune driver, the CLI) driven through fake kernel libraries that gcc builds here
+and that compute the GEMM on the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fact.tune import abi
+from fact.tune.abi import FactGemmArgs, KernelLibrary, Status
+from fact.tune.harness import (
+    DEFAULT_KNOBS,
+    TOL_16BIT_OUTPUT,
+    TOL_F32_HIGHEST,
+    TOL_F32_TF32,
+    check_kernel_info,
+    epilogue_shape,
+    format_table,
+    knob_combinations,
+    load_manifest,
+    registry_export,
+    rel_err,
+    scan_kernels,
+    time_kernel,
+    time_pytorch,
+    tolerance,
+    tune,
+    verify,
+)
+from fact.tune.inputs import gemm_args, make_inputs, verification_shapes
+from fact.tune.reference import (
+    FUNCTIONS,
+    NotSupportedError,
+    as_output,
+    eval_epilogue,
+    gemm_spec,
+    parse_type,
+    pytorch_candidate,
+    reference,
+)
+from helpers import REPO
+
+ABI_DIR = REPO / "engine" / "realize" / "abi"
+GCC = shutil.which("gcc")
+needs_gcc = pytest.mark.skipif(GCC is None, reason="needs gcc")
+
+# Pattern 0 of `fact discover examples/minigpt_block.py --dtype bf16 --json`, verbatim: the MLP's
+# c_fc GEMM with its bias and NewGELU (the tanh GELU written out by hand, recognised by value).
+MINIGPT_GELU = json.loads("""
+{"family": "gemm", "rule": "gemm_epilogue",
+ "problem": {"batch": 1, "k": 768, "m": 65536, "n": 3072},
+ "attrs": {"accumulate": "f32", "dtype_a": "bf16", "dtype_b": "bf16", "dtype_out": "bf16",
+           "layout_a": "row", "layout_b": "col"},
+ "operands": [{"node": "layer_norm_1", "role": "a", "type": "bf16[128, 512, 768]"},
+              {"node": "p_mlp_c_fc_weight", "role": "b", "type": "bf16[3072, 768]"},
+              {"broadcast": "row", "node": "p_mlp_c_fc_bias", "role": "p_mlp_c_fc_bias",
+               "type": "bf16[3072]"}],
+ "epilogue": ["bias", "gelu_tanh"],
+ "epilogue_expr": {"ssa": [{"id": 0, "op": "acc"}, {"id": 1, "index": 0, "op": "operand"},
+                           {"args": [0, 1], "id": 2, "op": "add"},
+                           {"args": [2], "id": 3, "op": "gelu_tanh"}],
+                   "text": "gelu_tanh(acc + p_mlp_c_fc_bias)"},
+ "nodes": ["linear_2", "mul_1", "pow_1", "mul_2", "add_1", "mul_3", "tanh", "add_2", "mul_4"],
+ "signature": "gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col"}
+""")
+
+# The same GELU as MiniGPT's NewGELU spells it, op by op, before recognition:
+# 0.5 * x * (1.0 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3.0)))), x = acc + bias.
+HANDWRITTEN_GELU_SSA = [
+    {"id": 0, "op": "acc"},
+    {"id": 1, "op": "operand", "index": 0},
+    {"id": 2, "op": "add", "args": [0, 1]},
+    {"id": 3, "op": "constant", "value": 0.5},
+    {"id": 4, "op": "mul", "args": [3, 2]},
+    {"id": 5, "op": "constant", "value": 3.0},
+    {"id": 6, "op": "pow", "args": [2, 5]},
+    {"id": 7, "op": "constant", "value": 0.044715},
+    {"id": 8, "op": "mul", "args": [7, 6]},
+    {"id": 9, "op": "add", "args": [2, 8]},
+    {"id": 10, "op": "constant", "value": math.sqrt(2.0 / math.pi)},
+    {"id": 11, "op": "mul", "args": [10, 9]},
+    {"id": 12, "op": "tanh", "args": [11]},
+    {"id": 13, "op": "constant", "value": 1.0},
+    {"id": 14, "op": "add", "args": [13, 12]},
+    {"id": 15, "op": "mul", "args": [4, 14]},
+]
+
+SMALL = {"m": 64, "n": 128, "k": 96}
+SMALL_SHAPES = [SMALL, {"m": 40, "n": 24, "k": 56}]
+
+
+def gemm_pattern(
+    dtype="f32",
+    layout_a="row",
+    layout_b="col",
+    batch=1,
+    m=64,
+    n=128,
+    k=96,
+    operands=(),
+    ssa=None,
+    text="acc",
+    out=None,
+):
+    """A hand-made plan pattern; operands: (broadcast, type) pairs in SSA index order."""
+    ops = [
+        {"role": "a", "node": "x", "type": f"{dtype}[{m}, {k}]"},
+        {"role": "b", "node": "w", "type": f"{dtype}[{n}, {k}]"},
+    ]
+    for i, (kind, typ) in enumerate(operands):
+        ops.append({"role": f"op{i}", "node": f"op{i}", "type": typ, "broadcast": kind})
+    return {
+        "family": "gemm",
+        "problem": {"batch": batch, "m": m, "n": n, "k": k},
+        "attrs": {
+            "dtype_a": dtype,
+            "dtype_b": dtype,
+            "dtype_out": out or dtype,
+            "layout_a": layout_a,
+            "layout_b": layout_b,
+        },
+        "operands": ops,
+        "epilogue_expr": {"ssa": ssa or [{"id": 0, "op": "acc"}], "text": text},
+        "signature": f"gemm[test]:{dtype}",
+    }
+
+
+def bias_ssa():
+    return [
+        {"id": 0, "op": "acc"},
+        {"id": 1, "op": "operand", "index": 0},
+        {"id": 2, "op": "add", "args": [0, 1]},
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# gcc helpers: the header's layout, and fake kernel libraries.
+
+
+def compile_c(source: str, out: Path, *flags: str, shared: bool = False) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    cmd = [GCC, "-O2", "-std=c11", f"-I{ABI_DIR}", str(src), "-o", str(out), *flags, "-lm"]
+    if shared:
+        cmd[1:1] = ["-shared", "-fPIC"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+FAKE_KERNEL_C = r"""
+/* A fake FACT kernel library: the C ABI of fact_gemm_abi.h with the GEMM computed on the host
+ * (the CPU tests pass host pointers). Behaviour and types are chosen by macros. */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fact_gemm_abi.h"
+
+#ifndef FAKE_VERSION
+#define FAKE_VERSION FACT_ABI_VERSION
+#endif
+#ifndef FAKE_NAME
+#define FAKE_NAME "fake_kernel"
+#endif
+#ifndef FAKE_INFO
+#define FAKE_INFO "{}"
+#endif
+#ifndef FAKE_MODE
+#define FAKE_MODE 0
+#endif
+#ifndef FAKE_EPI
+#define FAKE_EPI 0 /* 0: acc, 1: acc + row operand 0, 2: gelu_tanh(acc + row operand 0) */
+#endif
+#ifndef FAKE_A_COL
+#define FAKE_A_COL 0
+#endif
+#ifndef FAKE_B_COL
+#define FAKE_B_COL 1
+#endif
+enum { GOOD, SEGV, WRONG, SKIP_TAIL, NOT_SUPPORTED, HANG, RECORD };
+
+#ifdef FAKE_BF16
+typedef uint16_t elem_t;
+static float load(elem_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static elem_t store(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (elem_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (elem_t)(u >> 16);
+}
+#else
+typedef float elem_t;
+static float load(elem_t v) { return v; }
+static elem_t store(float f) { return f; }
+#endif
+
+static char g_error[256] = "";
+static FactGemmArgs g_last;
+static void* g_workspace;
+static size_t g_workspace_bytes;
+static void* g_stream;
+static int g_runs;
+
+static int fail(int status, const char* what) {
+  snprintf(g_error, sizeof g_error, "%s", what);
+  return status;
+}
+
+int fact_abi_version(void) { return FAKE_VERSION; }
+const char* fact_kernel_name(void) { return FAKE_NAME; }
+const char* fact_kernel_info(void) { return FAKE_INFO; }
+const char* fact_last_error(void) { return g_error; }
+
+int fact_gemm_can_implement(const FactGemmArgs* p) {
+  if (!p || !p->a || !p->b || !p->d) return fail(FACT_INVALID_ARGS, "null operand pointer");
+  if (FAKE_MODE == NOT_SUPPORTED || p->m == 7) {
+    return fail(FACT_NOT_SUPPORTED, "fake: cannot implement");
+  }
+  if (FAKE_EPI > 0 && !p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 is null");
+  if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
+  return FACT_OK;
+}
+
+size_t fact_gemm_workspace_size(const FactGemmArgs* p) { return 1024 + (size_t)p->m; }
+
+static float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+
+int fact_gemm_run(const FactGemmArgs* p, void* workspace, size_t workspace_bytes, void* stream) {
+  g_last = *p;
+  g_workspace = workspace;
+  g_workspace_bytes = workspace_bytes;
+  g_stream = stream;
+  g_runs++;
+  const int ok = fact_gemm_can_implement(p);
+  if (ok != FACT_OK) return ok;
+  if (workspace_bytes < fact_gemm_workspace_size(p)) return fail(FACT_WORKSPACE_TOO_SMALL, "small");
+  if (FAKE_MODE == SEGV) raise(SIGSEGV);
+  if (FAKE_MODE == HANG) for (;;) pause();
+  if (FAKE_MODE == RECORD) return FACT_OK;
+  const elem_t* A = (const elem_t*)p->a;
+  const elem_t* B = (const elem_t*)p->b;
+  const elem_t* bias = (const elem_t*)p->operands[0];
+  elem_t* D = (elem_t*)p->d;
+  for (int64_t l = 0; l < p->batch; ++l) {
+    for (int64_t i = 0; i < p->m; ++i) {
+      for (int64_t j = 0; j < p->n; ++j) {
+        float acc = 0.0f;
+        for (int64_t k = 0; k < p->k; ++k) {
+          const int64_t ia = l * p->batch_stride_a + (FAKE_A_COL ? k * p->lda + i : i * p->lda + k);
+          const int64_t ib = l * p->batch_stride_b + (FAKE_B_COL ? j * p->ldb + k : k * p->ldb + j);
+          acc += load(A[ia]) * load(B[ib]);
+        }
+        float v = acc;
+        if (FAKE_EPI >= 1) v += load(bias[l * p->operand_batch_stride[0] + j]);
+        if (FAKE_EPI == 2) v = gelu_tanh(v);
+        if (FAKE_MODE == WRONG) v += 1.0f;
+        if (FAKE_MODE == SKIP_TAIL && j == p->n - 1) continue;
+        D[l * p->batch_stride_d + i * p->ldd + j] = store(v);
+      }
+    }
+  }
+  return FACT_OK;
+}
+
+/* Test hook: the arguments of the last fact_gemm_run call. */
+void fake_last_call(FactGemmArgs* args, void** workspace, size_t* bytes, void** stream, int* runs) {
+  *args = g_last;
+  *workspace = g_workspace;
+  *bytes = g_workspace_bytes;
+  *stream = g_stream;
+  *runs = g_runs;
+}
+"""
+
+MODES = {"good": 0, "segv": 1, "wrong": 2, "skip_tail": 3, "not_supported": 4, "hang": 5}
+MODES["record"] = 6
+
+
+def kernel_info(pattern: dict, name: str = "fake", scheduler: str = "persistent") -> dict:
+    """What emit.cpp's kernel_info JSON says for a kernel built from `pattern`."""
+    spec = gemm_spec(pattern)
+    return {
+        "family": spec.family,
+        "dtype_a": spec.dtype_a,
+        "dtype_b": spec.dtype_b,
+        "dtype_out": spec.dtype_out,
+        "layout_a": spec.layout_a,
+        "layout_b": spec.layout_b,
+        "epilogue": spec.text,
+        "operands": [{"kind": o.kind, "dtype": o.dtype} for o in spec.operands],
+        "config": {"name": f"{name}_cfg", "tile": [128, 128, 64], "tile_scheduler": scheduler},
+    }
+
+
+@pytest.fixture(scope="session")
+def fake_kernels(tmp_path_factory):
+    """build(name, pattern, epi, mode='good', **macros) -> path of a fake kernel .so (cached)."""
+    if GCC is None:
+        pytest.skip("needs gcc")
+    folder = tmp_path_factory.mktemp("fake_kernels")
+    built: dict[str, Path] = {}
+
+    def build(name, pattern=None, epi=0, mode="good", info=None, **macros):
+        if name in built:
+            return built[name]
+        flags = [f"-DFAKE_NAME={json.dumps(name)}", f"-DFAKE_MODE={MODES[mode]}"]
+        flags.append(f"-DFAKE_EPI={epi}")
+        if pattern is not None:
+            spec = gemm_spec(pattern)
+            info = info or kernel_info(pattern, name)
+            flags.append(f"-DFAKE_A_COL={int(spec.layout_a == 'col')}")
+            flags.append(f"-DFAKE_B_COL={int(spec.layout_b == 'col')}")
+            if spec.dtype_a == "bf16":
+                flags.append("-DFAKE_BF16")
+        if info is not None:
+            flags.append(f"-DFAKE_INFO={json.dumps(json.dumps(info))}")
+        flags += [f"-D{k}={v}" for k, v in macros.items()]
+        built[name] = compile_c(FAKE_KERNEL_C, folder / f"{name}.so", *flags, shared=True)
+        return built[name]
+
+    return build
+
+
+# ---------------------------------------------------------------------------------------------
+# abi.py
+
+
+@needs_gcc
+def test_args_layout_matches_header(tmp_path):
+    fields = [name for name, _ in FactGemmArgs._fields_]
+    prints = "\n".join(
+        f'  printf("\\"{f}\\": %zu,\\n", offsetof(FactGemmArgs, {f}));' for f in fields
+    )
+    source = f"""
+#include <stddef.h>
+#include <stdio.h>
+#include "fact_gemm_abi.h"
+int main(void) {{
+  printf("{{\\n");
+{prints}
+  printf("\\"sizeof\\": %zu,\\n", sizeof(FactGemmArgs));
+  printf("\\"sizeof_operands\\": %zu,\\n", sizeof(((FactGemmArgs*)0)->operands));
+  printf("\\"max_operands\\": %d,\\n", FACT_MAX_EPILOGUE_OPERANDS);
+  printf("\\"version\\": %d\\n}}\\n", FACT_ABI_VERSION);
+  return 0;
+}}
+"""
+    exe = compile_c(source, tmp_path / "layout")
+    c = json.loads(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
+    assert c["sizeof"] == ctypes.sizeof(FactGemmArgs)
+    for f in fields:
+        assert getattr(FactGemmArgs, f).offset == c[f], f
+    assert c["sizeof_operands"] == ctypes.sizeof(ctypes.c_void_p) * abi.FACT_MAX_EPILOGUE_OPERANDS
+    assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
+    assert c["version"] == abi.FACT_ABI_VERSION == 1
+    # every field of the header is mirrored, in the header's order
+    header = (ABI_DIR / "fact_gemm_abi.h").read_text()
+    body = header[header.index("typedef struct FactGemmArgs {") : header.index("} FactGemmArgs;")]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S).split("{", 1)[1]
+    declared = []
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        names = re.sub(r"^(const\s+)?(int64_t|int|void)\s*\*?", "", decl)
+        declared += [re.sub(r"\[.*\]", "", name).strip() for name in names.split(",")]
+    assert declared == fields
+
+
+@needs_gcc
+def test_status_codes_match_header(tmp_path):
+    source = """
+#include <stdio.h>
+#include "fact_gemm_abi.h"
+int main(void) {
+  printf("%d %d %d %d %d\\n", FACT_OK, FACT_NOT_SUPPORTED, FACT_INVALID_ARGS, FACT_CUDA_ERROR,
+         FACT_WORKSPACE_TOO_SMALL);
+  return 0;
+}
+"""
+    exe = compile_c(source, tmp_path / "status")
+    out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout.split()
+    names = ["OK", "NOT_SUPPORTED", "INVALID_ARGS", "CUDA_ERROR", "WORKSPACE_TOO_SMALL"]
+    assert [int(x) for x in out] == [Status[n] for n in names]
+
+
+def test_kernel_library_end_to_end(fake_kernels):
+    info = {"family": "gemm", "config": {"name": "t128x128x64"}}
+    lib = KernelLibrary(fake_kernels("recorder", mode="record", info=info))
+    assert lib.abi_version == 1
+    assert lib.name == "recorder"
+    assert lib.info == info
+    args = FactGemmArgs()
+    args.m, args.n, args.k, args.batch = 256, 512, 64, 3
+    args.a, args.b, args.d = 0x1000, 0x2000, 0x3000
+    args.lda, args.ldb, args.ldd = 64, 64, 512
+    args.batch_stride_a, args.batch_stride_b, args.batch_stride_d = 1 << 14, 1 << 15, 1 << 17
+    args.operands[0], args.operands[7] = 0x4000, 0x5000
+    args.operand_ld[7], args.operand_batch_stride[7] = 512, 1 << 17
+    args.raster, args.max_swizzle, args.splits, args.sm_count = 2, 4, 1, 132
+    assert lib.can_implement(args) == Status.OK
+    assert lib.workspace_size(args) == 1024 + 256
+    assert lib.run(args, 0xABC0, 4096, 0xDEF0) == Status.OK
+
+    seen = FactGemmArgs()
+    ws, nbytes, stream, runs = (
+        ctypes.c_void_p(),
+        ctypes.c_size_t(),
+        ctypes.c_void_p(),
+        ctypes.c_int(),
+    )
+    hook = lib.symbol("fake_last_call")
+    hook(
+        ctypes.byref(seen),
+        ctypes.byref(ws),
+        ctypes.byref(nbytes),
+        ctypes.byref(stream),
+        ctypes.byref(runs),
+    )
+    assert seen.to_dict() == args.to_dict()  # every field crossed the boundary intact
+    assert (ws.value, nbytes.value, stream.value, runs.value) == (0xABC0, 4096, 0xDEF0, 1)
+
+    # a refusal comes back as a status plus the kernel's message
+    args.m = 7
+    assert lib.can_implement(args) == Status.NOT_SUPPORTED
+    assert "cannot implement" in lib.last_error()
+    with pytest.raises(abi.KernelStatusError, match="NOT_SUPPORTED: fake: cannot implement"):
+        lib.check(lib.run(args, 0xABC0, 4096, None))
+    args.m, args.splits = 256, 2
+    assert lib.run(args, None, 0, None) == Status.INVALID_ARGS
+    assert "split-K" in lib.last_error()
+
+
+def test_kernel_library_refuses_other_abi_version(fake_kernels):
+    path = fake_kernels("version2", FAKE_VERSION=2)
+    with pytest.raises(abi.AbiError, match=r"version2\.so: kernel ABI version 2.*speaks version 1"):
+        KernelLibrary(path)
+
+
+@needs_gcc
+def test_kernel_library_refuses_foreign_library(tmp_path):
+    path = compile_c("int something(void) { return 1; }\n", tmp_path / "foreign.so", shared=True)
+    with pytest.raises(abi.AbiError, match="foreign.so: not a FACT kernel library"):
+        KernelLibrary(path)
+    with pytest.raises(abi.AbiError, match="no such kernel library"):
+        KernelLibrary(tmp_path / "missing.so")
+
+
+# ---------------------------------------------------------------------------------------------
+# reference.py: the function table
+
+
+def _table_entries(source: str) -> dict[str, int]:
+    """{"name", {arity, ...}} entries of expr.cpp's functions() table."""
+    return {m[0]: int(m[1]) for m in re.findall(r'\{"(\w+)",\s*\{(\d),', source)}
+
+
+def test_function_table_matches_expr_cpp_and_emit_cpp():
+    expr = _table_entries((REPO / "engine/discover/expr.cpp").read_text())
+    assert expr, "expr.cpp's table format changed: update _table_entries"
+    assert {name: arity for name, (arity, _) in FUNCTIONS.items()} == expr
+    emitted = set(re.findall(r'fn == "(\w+)"', (REPO / "engine/realize/emit.cpp").read_text()))
+    assert emitted == set(FUNCTIONS)
+
+
+def _apply(fn: str, args: list[list[float]], params=(), dtype=torch.float64) -> torch.Tensor:
+    """fn applied elementwise through eval_epilogue (acc = the first argument column)."""
+    cols = [torch.tensor(a, dtype=dtype) for a in args]
+    ssa = [{"id": 0, "op": "acc"}]
+    ssa += [{"id": i, "op": "operand", "index": i - 1} for i in range(1, len(cols))]
+    entry = {"id": len(cols), "op": fn, "args": list(range(len(cols)))}
+    if params:
+        entry["params"] = list(params)
+    return eval_epilogue(ssa + [entry], cols[0], cols[1:], compute_dtype=dtype)
+
+
+# expr.cpp's functions, transcribed line by line, on Python floats.
+def _softplus(x, beta=1.0, threshold=20.0):
+    return x if beta * x > threshold else math.log1p(math.exp(beta * x)) / beta
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _p(ps, i, d):
+    return ps[i] if i < len(ps) else d
+
+
+EXPR_CPP = {
+    "add": lambda a, p: a[0] + a[1],
+    "sub": lambda a, p: a[0] - a[1],
+    "mul": lambda a, p: a[0] * a[1],
+    "div": lambda a, p: a[0] / a[1],
+    "minimum": lambda a, p: min(a[0], a[1]),
+    "maximum": lambda a, p: max(a[0], a[1]),
+    "pow": lambda a, p: math.pow(a[0], a[1]),
+    "where": lambda a, p: a[1] if a[0] != 0 else a[2],
+    "eq": lambda a, p: float(a[0] == a[1]),
+    "ne": lambda a, p: float(a[0] != a[1]),
+    "lt": lambda a, p: float(a[0] < a[1]),
+    "le": lambda a, p: float(a[0] <= a[1]),
+    "gt": lambda a, p: float(a[0] > a[1]),
+    "ge": lambda a, p: float(a[0] >= a[1]),
+    "logical_not": lambda a, p: float(a[0] == 0),
+    "neg": lambda a, p: -a[0],
+    "exp": lambda a, p: math.exp(a[0]),
+    "log": lambda a, p: math.log(a[0]),
+    "sqrt": lambda a, p: math.sqrt(a[0]),
+    "rsqrt": lambda a, p: 1.0 / math.sqrt(a[0]),
+    "reciprocal": lambda a, p: 1.0 / a[0],
+    "abs": lambda a, p: abs(a[0]),
+    "square": lambda a, p: a[0] * a[0],
+    "erf": lambda a, p: math.erf(a[0]),
+    "sin": lambda a, p: math.sin(a[0]),
+    "cos": lambda a, p: math.cos(a[0]),
+    "tanh": lambda a, p: math.tanh(a[0]),
+    "sigmoid": lambda a, p: _sigmoid(a[0]),
+    "relu": lambda a, p: max(a[0], 0.0),
+    "silu": lambda a, p: a[0] * _sigmoid(a[0]),
+    "gelu_erf": lambda a, p: 0.5 * a[0] * (1.0 + math.erf(a[0] / math.sqrt(2.0))),
+    "gelu_tanh": lambda a, p: (
+        0.5 * a[0] * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (a[0] + 0.044715 * a[0] ** 3)))
+    ),
+    "mish": lambda a, p: a[0] * math.tanh(_softplus(a[0])),
+    "hardswish": lambda a, p: a[0] * min(max(a[0] + 3, 0.0), 6.0) / 6,
+    "hardsigmoid": lambda a, p: min(max(a[0] + 3, 0.0), 6.0) / 6,
+    "leaky_relu": lambda a, p: a[0] if a[0] >= 0 else a[0] * _p(p, 0, 0.01),
+    "hardtanh": lambda a, p: min(max(a[0], _p(p, 0, -1)), _p(p, 1, 1)),
+    "clamp": lambda a, p: min(max(a[0], _p(p, 0, -math.inf)), _p(p, 1, math.inf)),
+    "softplus": lambda a, p: _softplus(a[0], _p(p, 0, 1), _p(p, 1, 20)),
+    "elu": lambda a, p: (
+        _p(p, 1, 1) * (a[0] if a[0] > 0 else _p(p, 0, 1) * (math.exp(a[0] * _p(p, 2, 1)) - 1))
+    ),
+    # expr.cpp evaluates cast as the identity (it only fingerprints values); the model and the
+    # kernel (emit.cpp) round to the cast's dtype ("f32" when absent), and so does the reference
+    "cast": lambda a, p: torch.tensor(a[0]).float().item(),
+}
+
+# expr.cpp's fingerprint samples, plus the tails (softplus's threshold, saturation)
+UNARY = [-6.0, -3.1, -1.7, -1.0, -0.55, -0.1, 0.0, 0.05, 0.3, 0.9, 1.4, 2.5, 5.0]
+UNARY += [-25.0, -12.0, 12.0, 19.5, 20.5, 25.0]
+POSITIVE = [0.05, 0.3, 0.9, 1.4, 2.5, 5.0, 30.0]
+GRID = [-2.5, -1.0, 0.0, 0.5, 1.0, 3.0]
+PARAMS = {
+    "leaky_relu": [(), (0.2,)],
+    "hardtanh": [(), (-2.0, 3.0)],
+    "clamp": [(), (0.0, math.inf), (-math.inf, 1.5), (-0.5, 0.5)],
+    "softplus": [(), (2.0, 10.0), (0.5, 3.0)],
+    "elu": [(), (0.5,), (0.5, 1.5, 2.0)],
+}
+
+
+def _cases(fn: str):
+    """(args columns, params) cases for one function, inside its domain."""
+    arity = FUNCTIONS[fn][0]
+    if arity == 1:
+        xs = POSITIVE if fn in ("log", "sqrt", "rsqrt", "reciprocal") else UNARY
+        cols = [xs]
+    elif arity == 2:
+        pairs = [(a, b) for a in GRID for b in GRID]
+        if fn == "div":
+            pairs = [(a, b) for a, b in pairs if b != 0]
+        if fn == "pow":
+            pairs = [(a, b) for a in POSITIVE for b in GRID] + [(-1.5, 3.0), (-2.0, 2.0)]
+        cols = [list(c) for c in zip(*pairs, strict=True)]
+    else:
+        triples = [(c, a, b) for c in (-1.0, 0.0, 2.0) for a in GRID for b in (-0.5, 4.0)]
+        cols = [list(c) for c in zip(*triples, strict=True)]
+    return [(cols, p) for p in PARAMS.get(fn, [()])]
+
+
+@pytest.mark.parametrize("fn", sorted(FUNCTIONS))
+def test_function_matches_expr_cpp_formula(fn):
+    for cols, params in _cases(fn):
+        got = _apply(fn, cols, params)
+        want = [EXPR_CPP[fn]([c[i] for c in cols], list(params)) for i in range(len(cols[0]))]
+        torch.testing.assert_close(
+            got,
+            torch.tensor(want, dtype=torch.float64),
+            rtol=1e-12,
+            atol=1e-14,
+            msg=f"{fn}{params}",
+        )
+
+
+def test_functions_match_torch_functional():
+    x = torch.linspace(-8, 8, 2001, dtype=torch.float64)
+
+    def one(fn, *params):
+        return _apply(fn, [x.tolist()], params)
+
+    close = torch.testing.assert_close
+    close(one("gelu_tanh"), F.gelu(x, approximate="tanh"))
+    close(one("gelu_erf"), F.gelu(x))
+    close(one("silu"), F.silu(x))
+    close(one("mish"), F.mish(x))
+    close(one("softplus"), F.softplus(x))
+    close(one("softplus", 2.0, 5.0), F.softplus(x, beta=2.0, threshold=5.0))
+    close(one("hardtanh"), F.hardtanh(x))
+    close(one("hardtanh", -2.0, 3.0), F.hardtanh(x, -2.0, 3.0))
+    close(one("leaky_relu"), F.leaky_relu(x))
+    close(one("leaky_relu", 0.2), F.leaky_relu(x, 0.2))
+    close(one("elu"), F.elu(x))
+    close(one("elu", 0.7), F.elu(x, 0.7))
+    close(one("elu", 1.6732632423543772, 1.0507009873554805), F.selu(x))  # selu is an elu
+    close(one("hardswish"), F.hardswish(x))
+    close(one("hardsigmoid"), F.hardsigmoid(x))
+    close(one("sigmoid"), torch.sigmoid(x))
+    close(one("relu"), F.relu(x))
+
+
+def test_clamp_with_infinite_bounds():
+    x = [-1e30, -3.0, -0.5, 0.0, 0.5, 3.0, 1e30]
+    # nlohmann::json writes the inf bound of clamp_min / clamp_max as null; expr.cpp as "inf"
+    lower = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, 3.0, 1e30], dtype=torch.float64)
+    for params in ([0.0, None], [0.0, math.inf], [0.0, "inf"], [0.0]):
+        torch.testing.assert_close(_apply("clamp", [x], params), lower)
+    upper = torch.tensor([-1e30, -3.0, -0.5, 0.0, 0.5, 1.0, 1.0], dtype=torch.float64)
+    for params in ([None, 1.0], [-math.inf, 1.0], ["-inf", 1.0]):
+        torch.testing.assert_close(_apply("clamp", [x], params), upper)
+    torch.testing.assert_close(_apply("clamp", [x], []), torch.tensor(x, dtype=torch.float64))
+    # the plan's own spelling, from `torch.clamp(linear(x), min=0.0)`
+    ssa = [{"id": 0, "op": "acc"}, {"id": 1, "op": "clamp", "args": [0], "params": [0.0, None]}]
+    acc = torch.randn(4, 8, dtype=torch.float64)
+    torch.testing.assert_close(eval_epilogue(ssa, acc, []), acc.clamp(min=0))
+
+
+ENGINE_LIB = REPO / "build" / "libfact_engine.a"
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None or not ENGINE_LIB.exists(), reason="needs g++ and a built engine"
+)
+def test_functions_match_engine_eval_function(tmp_path):
+    """The C++ reference itself (fact::discover::eval_function), linked from the engine."""
+    cases = []  # (fn, args, params)
+    for fn in sorted(set(FUNCTIONS) - {"cast"}):  # cast: see EXPR_CPP
+        for cols, params in _cases(fn):
+            cases += [(fn, [c[i] for c in cols], params) for i in range(len(cols[0]))]
+    cases += [("log", [-1.0], ()), ("sqrt", [-4.0], ())]  # NaN in both
+
+    def lit(v: float) -> str:
+        return "INFINITY" if v == math.inf else "(-INFINITY)" if v == -math.inf else v.hex()
+
+    def vec(vs) -> str:
+        return "{" + ", ".join(lit(float(v)) for v in vs) + "}"
+
+    rows = ",\n".join(f'  {{"{fn}", {vec(a)}, {vec(p)}}}' for fn, a, p in cases)
+    source = f"""
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+#include "discover/expr.h"
+struct Case {{ std::string fn; std::vector<double> args, params; }};
+int main() {{
+  const std::vector<Case> cases = {{
+{rows}
+  }};
+  for (const auto& c : cases) {{
+    std::printf("%.17g\\n", fact::discover::eval_function(c.fn, c.args, c.params));
+  }}
+}}
+"""
+    src = tmp_path / "eval.cpp"
+    src.write_text(source)
+    exe = tmp_path / "eval"
+    cmd = ["g++", "-std=c++20", f"-I{REPO / 'engine'}", str(src), str(ENGINE_LIB), "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout.split()
+    assert len(out) == len(cases)
+    for (fn, args, params), text in zip(cases, out, strict=True):
+        want = float(text)
+        got = _apply(fn, [[a] for a in args], params).item()
+        if math.isnan(want):
+            assert math.isnan(got), (fn, args, params)
+        else:
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-14), (fn, args, params)
+
+
+def test_minigpt_plan_gelu_ssa_matches_gelu_tanh():
+    ssa = MINIGPT_GELU["epilogue_expr"]["ssa"]
+    acc = torch.randn(48, 64, dtype=torch.float64) * 3
+    bias = torch.randn(64, dtype=torch.float64)
+    want = F.gelu(acc + bias, approximate="tanh")
+    torch.testing.assert_close(eval_epilogue(ssa, acc, [bias]), want)
+    torch.testing.assert_close(eval_epilogue(HANDWRITTEN_GELU_SSA, acc, [bias]), want)
+    # and the whole pattern: float64 GEMM + epilogue
+    inputs = make_inputs(MINIGPT_GELU, {"m": 48, "n": 64, "k": 32}, "cpu")
+    A, B, (b,) = inputs.A.double(), inputs.B.double(), inputs.operands
+    want = F.gelu(A @ B + b.double(), approximate="tanh")
+    torch.testing.assert_close(reference(MINIGPT_GELU, inputs.A, inputs.B, inputs.operands), want)
+
+
+def test_handwritten_gelu_in_bf16_stays_close():
+    """The unfused PyTorch path in bf16 (what the model runs) against the float64 reference."""
+    inputs = make_inputs(MINIGPT_GELU, {"m": 96, "n": 64, "k": 128}, "cpu")
+    out = pytorch_candidate(MINIGPT_GELU, inputs.A, inputs.B, inputs.operands)
+    assert out.dtype == torch.bfloat16
+    err, _ = rel_err(out, reference(MINIGPT_GELU, inputs.A, inputs.B, inputs.operands))
+    assert 0 < err < TOL_16BIT_OUTPUT
+
+
+def test_broadcast_kinds():
+    m, n = 6, 5
+    acc = torch.randn(m, n, dtype=torch.float64)
+    row, col = torch.randn(n, dtype=torch.float64), torch.randn(m, dtype=torch.float64)
+    scalar, full = torch.tensor([2.5], dtype=torch.float64), torch.randn(m, n, dtype=torch.float64)
+    pattern = gemm_pattern(
+        m=m,
+        n=n,
+        k=3,
+        operands=[
+            ("row", "f64[5]"),
+            ("col", "f64[6, 1]"),
+            ("scalar", "f64[]"),
+            ("full", "f64[6, 5]"),
+        ],
+        ssa=[
+            {"id": 0, "op": "acc"},
+            {"id": 1, "op": "operand", "index": 0},
+            {"id": 2, "op": "operand", "index": 1},
+            {"id": 3, "op": "operand", "index": 2},
+            {"id": 4, "op": "operand", "index": 3},
+            {"id": 5, "op": "add", "args": [0, 1]},
+            {"id": 6, "op": "mul", "args": [5, 2]},
+            {"id": 7, "op": "div", "args": [6, 3]},
+            {"id": 8, "op": "sub", "args": [7, 4]},
+        ],
+    )
+    A, B = torch.randn(m, 3, dtype=torch.float64), torch.randn(3, n, dtype=torch.float64)
+    want = ((A @ B + row[None, :]) * col[:, None]) / 2.5 - full
+    # kernel layout (col [m], scalar [1]) and broadcast-ready ([m, 1], 0-dim) give the same
+    torch.testing.assert_close(reference(pattern, A, B, [row, col, scalar, full]), want)
+    got = reference(pattern, A, B, [row, col[:, None], scalar.reshape(()), full])
+    torch.testing.assert_close(got, want)
+    ready = [row, col[:, None], scalar, full]
+    torch.testing.assert_close(
+        eval_epilogue(pattern["epilogue_expr"]["ssa"], acc, ready),
+        ((acc + row) * col[:, None]) / 2.5 - full,
+    )
+
+
+def test_batched_reference_and_candidate():
+    pattern = gemm_pattern(
+        dtype="f32",
+        batch=3,
+        m=16,
+        n=8,
+        k=12,
+        operands=[("row", "f32[3, 8]"), ("full", "f32[3, 16, 8]")],
+        ssa=bias_ssa()
+        + [{"id": 3, "op": "operand", "index": 1}, {"id": 4, "op": "mul", "args": [2, 3]}],
+    )
+    inputs = make_inputs(pattern, device="cpu")
+    row, full = inputs.operands
+    assert row.shape == (3, 8) and full.shape == (3, 16, 8)  # per-batch operands
+    A, B = inputs.A.double(), inputs.B.double()
+    want = (torch.bmm(A, B) + row.double()[:, None, :]) * full.double()
+    got = reference(pattern, inputs.A, inputs.B, inputs.operands)
+    torch.testing.assert_close(got, want)
+    cand = pytorch_candidate(pattern, inputs.A, inputs.B, inputs.operands)
+    assert cand.dtype == torch.float32 and cand.shape == (3, 16, 8)
+    torch.testing.assert_close(cand.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_cast_rounds_in_reference_and_converts_in_candidate():
+    ssa = [
+        {"id": 0, "op": "acc"},
+        {"id": 1, "op": "cast", "args": [0], "dtype": "bf16"},
+        {"id": 2, "op": "constant", "value": 1e-3},
+        {"id": 3, "op": "add", "args": [1, 2]},
+    ]
+    acc = torch.randn(32, 16, dtype=torch.float64)
+    ref = eval_epilogue(ssa, acc, [], compute_dtype=torch.float64)
+    assert ref.dtype == torch.float64
+    torch.testing.assert_close(ref, acc.to(torch.bfloat16).double() + 1e-3)
+    natural = eval_epilogue(ssa, acc.float(), [])
+    assert natural.dtype == torch.bfloat16  # the model's dtype flow: the cast really converts
+
+
+def test_constants_comparisons_and_where():
+    acc = torch.tensor([[-2.0, -0.5, 0.0, 0.5, 2.0]], dtype=torch.float64)
+    ssa = [
+        {"id": 0, "op": "acc"},
+        {"id": 1, "op": "constant", "value": 0.0},
+        {"id": 2, "op": "gt", "args": [0, 1]},
+        {"id": 3, "op": "constant", "value": "-inf"},
+        {"id": 4, "op": "where", "args": [2, 0, 3]},  # masked_fill(acc <= 0, -inf)
+        {"id": 5, "op": "exp", "args": [4]},
+        {"id": 6, "op": "add", "args": [5, 2]},  # flags add like numbers, not as bools
+    ]
+    got = eval_epilogue(ssa, acc, [])
+    want = torch.tensor([[0.0, 0.0, 0.0, math.exp(0.5) + 1, math.exp(2.0) + 1]])
+    torch.testing.assert_close(got, want.double())
+    # a function of constants only, and an epilogue that is a constant
+    only = [
+        {"id": 0, "op": "acc"},
+        {"id": 1, "op": "constant", "value": 4.0},
+        {"id": 2, "op": "sqrt", "args": [1]},
+        {"id": 3, "op": "add", "args": [0, 2]},
+    ]
+    torch.testing.assert_close(eval_epilogue(only, acc, []), acc + 2)
+    const = [{"id": 0, "op": "constant", "value": 1.5}]
+    torch.testing.assert_close(eval_epilogue(const, acc, []), torch.full_like(acc, 1.5))
+    # a bf16 model keeps bf16 with a Python-scalar constant (no promotion)
+    half = [
+        {"id": 0, "op": "acc"},
+        {"id": 1, "op": "constant", "value": 0.5},
+        {"id": 2, "op": "mul", "args": [0, 1]},
+    ]
+    assert eval_epilogue(half, acc.bfloat16(), []).dtype == torch.bfloat16
+
+
+def test_scalar_operand_does_not_promote_the_model_dtype():
+    pattern = gemm_pattern(
+        dtype="bf16",
+        m=8,
+        n=16,
+        k=8,
+        operands=[("scalar", "f32[]")],
+        ssa=[
+            {"id": 0, "op": "acc"},
+            {"id": 1, "op": "operand", "index": 0},
+            {"id": 2, "op": "mul", "args": [0, 1]},
+        ],
+    )
+    inputs = make_inputs(pattern, device="cpu")
+    assert inputs.operands[0].dtype == torch.float32 and inputs.operands[0].shape == (1,)
+    out = pytorch_candidate(pattern, inputs.A, inputs.B, inputs.operands)
+    assert out.dtype == torch.bfloat16
+
+
+def test_horizontal_gemm():
+    pattern = {
+        "family": "horizontal_gemm",
+        "problem": {"batch": 1, "k": 32, "m": 16, "n": 48, "n_parts": [32, 8, 8]},
+        "attrs": {
+            "dtype_a": "f32",
+            "dtype_b": "f32",
+            "dtype_out": "f32",
+            "layout_a": "row",
+            "layout_b": "col",
+        },
+        "operands": [
+            {"node": "x", "role": "a", "type": "f32[16, 32]"},
+            {"node": "wq", "role": "b", "type": "f32[32, 32]"},
+            {"broadcast": "row", "node": "bq", "role": "bias", "type": "f32[32]"},
+            {"node": "wk", "role": "b", "type": "f32[8, 32]"},
+            {"broadcast": "row", "node": "bk", "role": "bias", "type": "f32[8]"},
+            {"node": "wv", "role": "b", "type": "f32[8, 32]"},
+            {"broadcast": "row", "node": "bv", "role": "bias", "type": "f32[8]"},
+        ],
+        "epilogue_expr": None,
+        "signature": "horizontal_gemm[bias]:f32,f32->f32:row,col",
+    }
+    spec = gemm_spec(pattern)
+    assert spec.text == "acc + bias" and [o.kind for o in spec.operands] == ["row"]
+    inputs = make_inputs(pattern, device="cpu")
+    assert inputs.operands[0].shape == (48,)  # the parts' biases, concatenated
+    parts = pytorch_candidate(pattern, inputs.A, inputs.B, inputs.operands)
+    assert [p.shape[-1] for p in parts] == [32, 8, 8]  # one matmul per part, as the model runs
+    ref = reference(pattern, inputs.A, inputs.B, inputs.operands)
+    torch.testing.assert_close(as_output(parts).double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_patterns_are_refused():
+    with pytest.raises(NotSupportedError, match="family 'attention'"):
+        gemm_spec({"family": "attention", "attrs": {}, "operands": []})
+    strided = gemm_pattern()
+    strided["attrs"]["layout_a"] = "strided"
+    with pytest.raises(NotSupportedError, match="strided"):
+        gemm_spec(strided)
+    assert parse_type("bf16[128, 512, 768]") == ("bf16", (128, 512, 768))
+    assert parse_type("f32[]") == ("f32", ())
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs.py
+
+
+@pytest.mark.parametrize("layout_a", ["row", "col"])
+@pytest.mark.parametrize("layout_b", ["row", "col"])
+def test_inputs_layouts_and_args(layout_a, layout_b):
+    pattern = gemm_pattern(
+        dtype="bf16",
+        layout_a=layout_a,
+        layout_b=layout_b,
+        m=40,
+        n=24,
+        k=16,
+        operands=[("row", "bf16[24]"), ("full", "bf16[40, 24]")],
+        ssa=bias_ssa(),
+    )
+    inputs = make_inputs(pattern, device="cpu")
+    A, B = inputs.A, inputs.B
+    assert A.shape == (40, 16) and B.shape == (16, 24)
+    assert A.dtype == B.dtype == torch.bfloat16
+    if layout_a == "row":
+        assert A.is_contiguous()
+    else:  # a transposed view of a contiguous [k, m]
+        assert A.t().is_contiguous() and A.stride() == (1, 40)
+    if layout_b == "row":
+        assert B.is_contiguous()
+    else:  # a transposed view of a contiguous [n, k]
+        assert B.t().is_contiguous() and B.stride() == (1, 16)
+    args = gemm_args(inputs)
+    assert (args.m, args.n, args.k, args.batch) == (40, 24, 16, 1)
+    assert args.lda == (16 if layout_a == "row" else 40)
+    assert args.ldb == (24 if layout_b == "row" else 16)
+    assert args.ldd == 24
+    assert args.a == A.data_ptr() and args.b == B.data_ptr() and args.d == inputs.D.data_ptr()
+    assert args.operands[0] == inputs.operands[0].data_ptr()
+    assert args.operands[1] == inputs.operands[1].data_ptr() and args.operand_ld[1] == 24
+    assert list(args.operands[2:]) == [None] * 6
+    assert (args.raster, args.max_swizzle, args.splits, args.sm_count) == (0, 1, 1, 0)
+
+
+def test_inputs_fresh_poisoned_and_replayable():
+    a = make_inputs(MINIGPT_GELU, SMALL, "cpu")
+    b = make_inputs(MINIGPT_GELU, SMALL, "cpu")
+    assert a.seed != b.seed and not torch.equal(a.A, b.A)  # fresh every call
+    assert torch.isnan(a.D).all() and a.D.shape == (64, 128) and a.D.dtype == torch.bfloat16
+    for t in (a.A, a.B, *a.operands):
+        assert torch.isfinite(t.float()).all() and (t != 0).float().mean() > 0.9  # not zeros
+    again = make_inputs(MINIGPT_GELU, SMALL, "cpu", seed=a.seed)
+    assert torch.equal(again.A, a.A) and torch.equal(again.operands[0], a.operands[0])
+    # acc ~ N(0, 1) whatever k is: the activation is exercised where it bends
+    acc = a.A.double() @ a.B.double()
+    assert 0.5 < acc.std().item() < 2.0
+    a.D.zero_()
+    a.poison()
+    assert torch.isnan(a.D).all()
+
+
+def test_inputs_batched_operand_strides():
+    pattern = gemm_pattern(
+        dtype="f32",
+        layout_a="col",
+        batch=4,
+        m=16,
+        n=8,
+        k=12,
+        operands=[
+            ("row", "f32[8]"),
+            ("col", "f32[4, 16, 1]"),
+            ("full", "f32[4, 16, 8]"),
+            ("scalar", "f32[]"),
+        ],
+        ssa=bias_ssa(),
+    )
+    inputs = make_inputs(pattern, device="cpu")
+    row, col, full, scalar = inputs.operands
+    assert row.shape == (8,) and col.shape == (4, 16) and full.shape == (4, 16, 8)
+    assert scalar.shape == (1,)
+    args = gemm_args(inputs)
+    assert args.batch == 4
+    assert args.batch_stride_a == 16 * 12 and args.lda == 16  # col A: [4, k, m] transposed
+    assert args.batch_stride_b == 12 * 8 and args.batch_stride_d == 16 * 8
+    assert list(args.operand_batch_stride[:4]) == [0, 16, 16 * 8, 0]
+    assert list(args.operand_ld[:4]) == [0, 0, 8, 0]
+
+
+def test_inputs_keep_divisors_away_from_zero():
+    ssa = [
+        {"id": 0, "op": "acc"},
+        {"id": 1, "op": "operand", "index": 0},
+        {"id": 2, "op": "div", "args": [0, 1]},
+        {"id": 3, "op": "operand", "index": 1},
+        {"id": 4, "op": "log", "args": [3]},
+        {"id": 5, "op": "add", "args": [2, 4]},
+    ]
+    pattern = gemm_pattern(operands=[("row", "f32[128]"), ("col", "f32[64]")], ssa=ssa)
+    inputs = make_inputs(pattern, device="cpu")
+    for t in inputs.operands:
+        assert t.min() >= 0.5 and t.max() <= 2.0
+    assert torch.isfinite(reference(pattern, inputs.A, inputs.B, inputs.operands)).all()
+
+
+def test_problem_override_and_verification_shapes():
+    inputs = make_inputs(MINIGPT_GELU, {"m": 1000, "n": 776, "k": 200}, "cpu")
+    assert inputs.A.shape == (1000, 200) and inputs.D.shape == (1000, 776)
+    assert inputs.operands[0].shape == (776,)
+    shapes = verification_shapes(MINIGPT_GELU)
+    assert shapes[0] == {"batch": 1, "m": 65536, "n": 3072, "k": 768}  # the plan's problem first
+    assert {"batch": 1, "m": 1000, "n": 776, "k": 200} in shapes  # ragged tails
+    for s in shapes:  # 16-byte alignment of every contiguous extent for bf16
+        assert s["n"] % 8 == 0 and s["k"] % 8 == 0
+    batched = gemm_pattern(dtype="f32", batch=6)
+    assert all(s["batch"] in (6, 3) for s in verification_shapes(batched))
+
+
+def test_knobs_reach_the_args():
+    inputs = make_inputs(MINIGPT_GELU, SMALL, "cpu")
+    args = gemm_args(inputs, {"raster": "along_n", "max_swizzle": 8, "splits": 2}, sm_count=132)
+    assert (args.raster, args.max_swizzle, args.splits, args.sm_count) == (2, 8, 2, 132)
+    assert gemm_args(inputs, {"raster": 1}).raster == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# harness.py, driven through fake kernels
+
+
+def test_tolerances():
+    assert tolerance(MINIGPT_GELU, "highest") == TOL_16BIT_OUTPUT == 2e-2
+    f32 = gemm_pattern(dtype="f32")
+    assert tolerance(f32, "highest") == TOL_F32_HIGHEST == 1e-5
+    assert tolerance(f32, "high") == TOL_F32_TF32 == 2e-3
+    assert tolerance(gemm_pattern(dtype="bf16", out="f32"), "high") == TOL_F32_HIGHEST
+
+
+def test_rel_err_never_passes_nan_or_inf():
+    ref = torch.ones(4, 4, dtype=torch.float64)
+    assert rel_err(ref.clone(), ref) == (0.0, "")
+    out = ref.clone()
+    out[1, 2] = math.nan
+    err, why = rel_err(out, ref)
+    assert math.isinf(err) and "1 of 16" in why and not err <= 1.0
+    out[1, 2] = math.inf
+    assert math.isinf(rel_err(out, ref)[0])
+
+
+def test_verify_passes_a_correct_kernel(fake_kernels):
+    lib = fake_kernels("gelu_good", MINIGPT_GELU, epi=2)
+    result = verify(lib, MINIGPT_GELU, SMALL, "highest", device="cpu")  # default shapes
+    assert result["ok"], result["message"]
+    assert result["disposition"] == "passed"
+    assert set(result["rel_err"]) == {"b1_m64_n128_k96", "b1_m1000_n776_k200", "b1_m24_n40_k72"}
+    assert all(0 < e < 2e-2 for e in result["rel_err"].values())
+    assert len(set(result["seeds"].values())) == 3  # fresh inputs for every shape
+
+
+def test_verify_batched_col_major_f32(fake_kernels):
+    pattern = gemm_pattern(
+        dtype="f32",
+        layout_a="col",
+        layout_b="row",
+        batch=3,
+        m=48,
+        n=40,
+        k=24,
+        operands=[("row", "f32[3, 40]")],
+        ssa=bias_ssa(),
+    )
+    lib = fake_kernels("f32_batched", pattern, epi=1)
+    result = verify(lib, pattern, None, "highest", device="cpu")
+    assert result["ok"], result["message"]
+    assert max(result["rel_err"].values()) < TOL_F32_HIGHEST
+    assert "b3_m1000_n776_k200" in result["rel_err"]
+
+
+def test_verify_catches_wrong_and_unwritten_output(fake_kernels):
+    wrong = fake_kernels("gelu_wrong", MINIGPT_GELU, epi=2, mode="wrong")
+    result = verify(wrong, MINIGPT_GELU, SMALL, shapes=SMALL_SHAPES, device="cpu")
+    assert not result["ok"] and result["disposition"] == "incorrect"
+    assert "rel_err" in result["message"] and "seed" in result["message"]
+    tail = fake_kernels("gelu_tail", MINIGPT_GELU, epi=2, mode="skip_tail")
+    result = verify(tail, MINIGPT_GELU, SMALL, shapes=SMALL_SHAPES, device="cpu")
+    assert result["disposition"] == "incorrect" and "NaN/Inf" in result["message"]
+    # a kernel for another epilogue (no bias operand) is refused before it runs
+    plain = fake_kernels("plain_bf16", gemm_pattern(dtype="bf16"), epi=0)
+    result = verify(plain, MINIGPT_GELU, SMALL, device="cpu")
+    assert result["disposition"] == "not_supported" and "epilogue operands" in result["message"]
+
+
+def test_verify_not_supported_and_skipped_shapes(fake_kernels):
+    refuses = fake_kernels("gelu_refuses", MINIGPT_GELU, epi=2, mode="not_supported")
+    result = verify(refuses, MINIGPT_GELU, SMALL, device="cpu")
+    assert result["disposition"] == "not_supported" and "cannot implement" in result["message"]
+    # the fake cannot do m == 7: a later shape it cannot implement is skipped, not failed
+    good = fake_kernels("gelu_good", MINIGPT_GELU, epi=2)
+    result = verify(good, MINIGPT_GELU, SMALL, shapes=[SMALL, {"m": 7}], device="cpu")
+    assert result["ok"] and list(result["skipped"]) == ["b1_m7_n128_k96"]
+
+
+def test_time_kernel_and_pytorch_on_cpu(fake_kernels):
+    lib = fake_kernels("gelu_good", MINIGPT_GELU, epi=2)
+    t = time_kernel(lib, MINIGPT_GELU, SMALL, device="cpu")
+    assert t > 0
+    assert time_pytorch(MINIGPT_GELU, SMALL, device="cpu") > 0
+    with pytest.raises(abi.KernelStatusError, match="INVALID_ARGS: split-K"):
+        time_kernel(lib, MINIGPT_GELU, SMALL, {"splits": 2}, device="cpu")
+    with pytest.raises(Exception, match="at least 20"):
+        time_kernel(lib, MINIGPT_GELU, SMALL, reps=5, device="cpu")
+
+
+def test_knob_combinations_and_info_checks():
+    combos = knob_combinations({"search_space": {"raster": ["along_m"], "swizzle": [1, 2]}})
+    assert combos[0] == DEFAULT_KNOBS and len(combos) == 3
+    assert len(knob_combinations(None, {"tile_scheduler": "stream_k"})) == 11
+    assert knob_combinations(mode="default") == [DEFAULT_KNOBS]
+    info = kernel_info(MINIGPT_GELU)
+    assert check_kernel_info(info, MINIGPT_GELU) == []
+    assert check_kernel_info({**info, "layout_b": "row"}, MINIGPT_GELU)
+    assert epilogue_shape("x + (acc + p_attn_c_proj_bias)") == "$+(acc+$)"
+    assert epilogue_shape("gelu_tanh(acc + b)") == epilogue_shape("gelu_tanh(acc + c)")
+    assert epilogue_shape("clamp(acc, 0, inf) * 1e-05") == "clamp(acc,0,inf)*1e-05"
+
+
+def test_tune_isolates_faults_and_goes_on(fake_kernels):
+    good = fake_kernels("gelu_good", MINIGPT_GELU, epi=2)
+    libraries = [
+        {"kernel": "good", "library": good, "config": {"name": "good_cfg"}},
+        fake_kernels("gelu_segv", MINIGPT_GELU, epi=2, mode="segv"),
+        fake_kernels("gelu_wrong", MINIGPT_GELU, epi=2, mode="wrong"),
+        fake_kernels("gelu_refuses", MINIGPT_GELU, epi=2, mode="not_supported"),
+        {"kernel": "good_again", "library": str(good), "config": {"name": "again"}},
+    ]
+    details: dict = {}
+    seen = []
+    rows = tune(
+        MINIGPT_GELU,
+        libraries,
+        "highest",
+        [DEFAULT_KNOBS, {"splits": 2}],
+        problem=SMALL,
+        shapes=SMALL_SHAPES,
+        device="cpu",
+        progress=seen.append,
+        details=details,
+    )
+    got = [(r["kernel"], r["disposition"]) for r in rows]
+    assert got == [
+        ("pytorch", "passed"),
+        ("good", "passed"),
+        ("gelu_segv", "fault"),
+        ("gelu_wrong", "incorrect"),
+        ("gelu_refuses", "not_supported"),
+        ("good_again", "passed"),  # the run went on after the segfault, in a fresh worker
+    ]
+    assert details["workers"] == 2 and details["environment"]["device"] == "cpu"
+    assert len(seen) == len(rows)
+    segv = rows[2]
+    assert "SIGSEGV" in segv["message"] and segv["time_us"] is None
+    for r in rows:
+        assert r["signature"] == MINIGPT_GELU["signature"] and r["provenance"] == "tuned"
+        assert r["arch"] == "sm90" and r["problem"] == {"batch": 1, **SMALL}
+    good_row = rows[1]
+    assert good_row["time_us"] > 0 and 0 < good_row["error"] < 2e-2
+    assert good_row["knobs"] == DEFAULT_KNOBS and good_row["config"] == {"name": "good_cfg"}
+    assert good_row["library"] == str(good)
+    # the split-K combination was refused by the (persistent) kernel and skipped, not failed
+    assert [k["name"] for k in good_row["knob_times"]] == ["r_heur_s1_k1", "r_heur_s1_k2"]
+    assert good_row["knob_times"][1]["time_us"] is None
+    assert rows[0]["config"] == {"name": "pytorch"} and rows[0]["library"] is None
+    assert rows[0]["time_us"] > 0
+    assert rows[3]["time_us"] is None and rows[3]["error"] > 2e-2
+
+
+def test_tune_times_out_a_hanging_kernel(fake_kernels):
+    rows = tune(
+        MINIGPT_GELU,
+        [
+            fake_kernels("gelu_hang", MINIGPT_GELU, epi=2, mode="hang"),
+            fake_kernels("gelu_good", MINIGPT_GELU, epi=2),
+        ],
+        knobs_list=[DEFAULT_KNOBS],
+        problem=SMALL,
+        shapes=SMALL_SHAPES,
+        device="cpu",
+        timeout_s=3,
+    )
+    assert [r["disposition"] for r in rows] == ["passed", "fault", "passed"]
+    assert "timed out after 3 s" in rows[1]["message"]
+
+
+def _plan_with(pattern: dict, problem: dict) -> dict:
+    attention = {"family": "attention", "signature": "attention[softmax]:bf16"}
+    return {
+        "arch": "sm90",
+        "float32_matmul_precision": "highest",
+        "patterns": [attention, {**pattern, "problem": {"batch": 1, **problem}}],
+    }
+
+
+def test_cli_with_a_realize_run_directory(fake_kernels, tmp_path):
+    """`fact-engine realize --out RUN` layout: RUN/plan.json, RUN/lib/*.so, RUN/manifest.json
+    with library paths relative to RUN and entries realize could not build."""
+    run = tmp_path / "run"
+    (run / "lib").mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps(_plan_with(MINIGPT_GELU, SMALL)))
+    shutil.copy(fake_kernels("gelu_good", MINIGPT_GELU, epi=2), run / "lib" / "good.so")
+    wrong = fake_kernels("gelu_wrong", MINIGPT_GELU, epi=2, mode="wrong")
+    sig = MINIGPT_GELU["signature"]
+    (run / "manifest.json").write_text(
+        json.dumps(
+            [
+                {
+                    "pattern_index": 0,
+                    "family": "attention",
+                    "status": "not_supported",
+                    "detail": "no kernel family for attention on sm90 yet",
+                },
+                {
+                    "pattern_index": 1,
+                    "signature": sig,
+                    "kernel": "good",
+                    "status": "compiled",
+                    "library": "lib/good.so",
+                    "config": {"name": "g"},
+                },
+                {
+                    "pattern_index": 1,
+                    "kernel": "wrong",
+                    "library": str(wrong),
+                    "config": {"name": "w"},
+                },
+                {
+                    "pattern_index": 1,
+                    "kernel": "broken",
+                    "status": "compile_error",
+                    "config": {"name": "b"},
+                    "detail": "nvcc: error",
+                },
+            ]
+        )
+    )
+    out, export = tmp_path / "results.json", tmp_path / "export.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "fact.tune.harness",
+        str(run / "plan.json"),
+        "--kernels",
+        str(run),
+        "--out",
+        str(out),
+        "--export",
+        str(export),
+        "--device",
+        "cpu",
+        "--knobs",
+        "default",
+        "--shapes",
+        json.dumps(SMALL_SHAPES),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**_env(), "PYTHONPATH": str(REPO / "python")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pattern 0: no kernel to run (no kernel family for attention" in proc.stderr
+    table = proc.stdout.strip().splitlines()
+    assert table[0].split() == [
+        "pattern",
+        "kernel",
+        "disposition",
+        "rel_err",
+        "time_us",
+        "vs",
+        "pytorch",
+    ]
+    assert [line.split()[2:4] for line in table[2:]] == [
+        ["pytorch", "passed"],
+        ["good", "passed"],
+        ["wrong", "incorrect"],
+        ["broken", "compile_error"],
+    ]
+    assert table[2].endswith("1.00x") and table[3].endswith("x")
+    results = json.loads(out.read_text())
+    assert results["fact_tune_results"] == 1 and results["precision"] == "highest"
+    assert results["environment"]["device"] == "cpu"
+    assert [r["pattern_index"] for r in results["rows"]] == [1, 1, 1, 1]
+    assert results["rows"][1]["library"] == str(run / "lib" / "good.so")
+    assert results["rows"][3]["message"] == "nvcc: error"
+    doc = json.loads(export.read_text())
+    assert doc["fact_registry_export"] == 1
+    dispositions = [r["disposition"] for r in doc["rows"]]
+    assert dispositions == ["passed", "incorrect", "compile_error"]  # no pytorch row
+    engine = REPO / "build" / "fact-engine"
+    if engine.exists():  # the engine accepts the export as it is
+        registry = tmp_path / "registry.db"
+        imp = subprocess.run(
+            [engine, "registry", "--registry", str(registry), "import", str(export)],
+            capture_output=True,
+            text=True,
+        )
+        assert imp.returncode == 0, imp.stderr
+
+
+def _env() -> dict:
+    import os
+
+    return dict(os.environ)
+
+
+def test_cli_scans_a_kernel_folder(fake_kernels, tmp_path):
+    folder = tmp_path / "cache" / "abc123"
+    folder.mkdir(parents=True)
+    shutil.copy(fake_kernels("gelu_good", MINIGPT_GELU, epi=2), folder / "kernel.so")
+    other = gemm_pattern(dtype="bf16")
+    (tmp_path / "cache" / "def456").mkdir()
+    shutil.copy(fake_kernels("plain_bf16", other, epi=0), tmp_path / "cache/def456/kernel.so")
+    plan = _plan_with(MINIGPT_GELU, SMALL)
+    entries = scan_kernels(tmp_path / "cache", plan)
+    assert [(e["pattern_index"], e["kernel"]) for e in entries] == [(1, "gelu_good")]
+    assert entries[0]["config"]["name"] == "gelu_good_cfg"
+
+
+def test_manifest_formats(tmp_path):
+    (tmp_path / "m1.json").write_text(json.dumps([{"pattern_index": 0, "library": "k.so"}]))
+    entries, plan = load_manifest(tmp_path / "m1.json")
+    assert entries[0]["library"] == str(tmp_path / "k.so") and plan is None
+    (tmp_path / "m2.json").write_text(
+        json.dumps(
+            {
+                "plan": "p.json",
+                "kernels": [
+                    {"pattern_index": 2, "kernel": "x", "library": "/abs/k.so", "config": {}}
+                ],
+            }
+        )
+    )
+    entries, plan = load_manifest(tmp_path / "m2.json")
+    assert entries[0]["library"] == "/abs/k.so" and plan == str(tmp_path / "p.json")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text("{}")
+    (run / "manifest.json").write_text(
+        json.dumps(
+            [
+                {"pattern_index": 0, "kernel": "k", "library": "lib/k.so", "status": "compiled"},
+                {"pattern_index": 1, "status": "not_supported", "detail": "attention"},
+            ]
+        )
+    )
+    entries, plan = load_manifest(run)
+    assert plan == str(run / "plan.json")
+    assert [e["library"] for e in entries] == [str(run / "lib/k.so"), None]
+    (tmp_path / "bad.json").write_text(json.dumps([{"kernel": "x"}]))
+    with pytest.raises(Exception, match="entry 0"):
+        load_manifest(tmp_path / "bad.json")
+
+
+def test_format_table_and_export():
+    rows = [
+        {
+            "pattern_index": 0,
+            "signature": "s",
+            "kernel": "pytorch",
+            "disposition": "passed",
+            "time_us": 200.0,
+            "error": 3e-3,
+        },
+        {
+            "pattern_index": 0,
+            "signature": "s",
+            "kernel": "k1",
+            "disposition": "passed",
+            "time_us": 100.0,
+            "error": 1e-3,
+            "arch": "sm90",
+            "problem": {},
+            "config": {},
+            "provenance": "tuned",
+        },
+        {
+            "pattern_index": 0,
+            "signature": "s",
+            "kernel": "k2",
+            "disposition": "fault",
+            "time_us": None,
+            "error": None,
+        },
+    ]
+    lines = format_table(rows).splitlines()
+    assert lines[3].split()[-1] == "2.00x" and lines[4].split()[-3:] == ["-", "-", "-"]
+    assert [r["disposition"] for r in registry_export(rows)["rows"]] == ["passed", "fault"]
