@@ -10,7 +10,8 @@ if command -v apt-get >/dev/null 2>&1; then
   echo "== system packages"
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    cmake g++ make nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev >/dev/null
+    cmake g++ make binutils nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev \
+    libssl-dev >/dev/null
 fi
 python3 -c 'import venv, ensurepip' 2>/dev/null || $SUDO apt-get install -y -qq python3-venv >/dev/null
 
