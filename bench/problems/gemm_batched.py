@@ -1,4 +1,5 @@
 """Batched GEMM 128 x (512 x 1024 @ 1024 x 2048) (shared/BENCHMARKS.md)."""
+
 import torch
 import torch.nn as nn
 

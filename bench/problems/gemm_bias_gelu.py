@@ -1,4 +1,5 @@
 """GEMM + bias + GELU(tanh), 65536 x 3072 x 768: the MiniGPT MLP up-projection (BENCHMARKS.md)."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

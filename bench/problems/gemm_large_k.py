@@ -1,4 +1,5 @@
 """Large-K GEMM 256 x 256 with K = 524288 (shared/BENCHMARKS.md): few output tiles, long K."""
+
 import torch
 import torch.nn as nn
 

@@ -1,4 +1,5 @@
 """Square GEMM 4096 x 4096 x 4096 (shared/BENCHMARKS.md): D = A @ B, both row-major."""
+
 import torch
 import torch.nn as nn
 

@@ -123,6 +123,15 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-import", action="store_true", help="leave the registry untouched")
     tune.set_defaults(run=_tune)
 
+    registry = commands.add_parser(
+        "registry",
+        help="list, show, export or import the pattern registry (fact-engine registry ...)",
+        description="The pattern registry: list | show ID | export [-o FILE] | import FILE.",
+        add_help=False,
+    )
+    registry.add_argument("engine_args", nargs=argparse.REMAINDER)
+    registry.set_defaults(run=_registry)
+
     trace = commands.add_parser(
         "trace",
         help="trace a problem file into a graph file",
@@ -176,6 +185,12 @@ def _realize(args: argparse.Namespace) -> int:
     extra += _option("--candidates", None if args.candidates is None else str(args.candidates))
     extra += _option("--jobs", None if args.jobs is None else str(args.jobs))
     return _engine_command("realize", args, extra, save_to=None, stream_stderr=True)
+
+
+def _registry(args: argparse.Namespace) -> int:
+    done = run_engine(["registry", *(args.engine_args or ["--help"])])
+    sys.stdout.write(done.stdout)
+    return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
