@@ -153,9 +153,11 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   auto d = run_discover(opt.discover);
   r.plan = d.plan;
   const fs::path run(opt.run_dir);
-  fs::create_directories(run / "src");
-  fs::create_directories(run / "lib");
-  fs::create_directories(run / "candidates");
+  try {
+    for (const char* sub : {"src", "lib", "candidates"}) fs::create_directories(run / sub);
+  } catch (const fs::filesystem_error& e) {
+    throw UserError("run directory " + opt.run_dir + ": " + e.code().message() + " (pass --out a writable folder)");
+  }
   write_text(run / "plan.json", r.plan.dump(2));
   const auto reg = registry::Registry::open_readonly(r.plan["registry"]["path"].get<std::string>());
   // 2. Per GEMM-family pattern: ranked configs, then one emitted source per config.
@@ -232,7 +234,9 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   for (const auto& res : results) {
     by_name[res.name] = &res;
     if (res.ok) {
-      fs::copy_file(res.library, run / "lib" / (res.name + ".so"), fs::copy_options::overwrite_existing);
+      std::error_code ec;
+      fs::copy_file(res.library, run / "lib" / (res.name + ".so"), fs::copy_options::overwrite_existing, ec);
+      if (ec) throw UserError("cannot copy " + res.library + " into " + opt.run_dir + ": " + ec.message());
       ++(res.cached ? r.cached : r.compiled);
     } else {
       ++r.failed;

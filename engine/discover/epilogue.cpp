@@ -285,6 +285,10 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
       if (down[static_cast<size_t>(o)]) {
         ok = false;
         why = "it also reads '" + g.node(o).name + "', which depends on the GEMM by another path";
+      } else if (g.node(o).outputs.size() == 1 && !g.node(o).type().is_contiguous()) {
+        // The kernel reads operands densely (vectors with unit stride, full tensors row-major).
+        ok = false;
+        why = "its operand '" + g.node(o).name + "' is a strided view (not contiguous)";
       } else if (g.node(o).outputs.size() != 1 || n.outputs.size() != 1 ||
                  broadcast_kind(g.node(o).type(), n.type()).empty()) {
         ok = false;

@@ -222,6 +222,35 @@ nlohmann::json ExprGraph::to_json() const {
   return out;
 }
 
+ExprGraph ExprGraph::from_json(const nlohmann::json& ssa) {
+  ExprGraph g;
+  auto number = [](const nlohmann::json& v) -> double {
+    if (v.is_number()) return v.get<double>();
+    const auto s = v.get<std::string>();
+    return s == "inf" ? INFINITY : s == "-inf" ? -INFINITY : NAN;
+  };
+  for (const auto& j : ssa) {
+    Expr e;
+    const std::string op = j.at("op");
+    if (op == "acc") {
+      e.kind = Expr::Kind::acc;
+    } else if (op == "operand") {
+      e.kind = Expr::Kind::operand;
+      e.operand = j.at("index");
+    } else if (op == "constant") {
+      e.kind = Expr::Kind::constant;
+      e.value = number(j.at("value"));
+    } else {
+      e.fn = op;
+      e.args = j.at("args").get<std::vector<int>>();
+      for (const auto& v : j.value("params", nlohmann::json::array())) e.params.push_back(number(v));
+      e.dtype = j.value("dtype", std::string());
+    }
+    g.root = g.add(e);
+  }
+  return g;
+}
+
 namespace {
 std::string bare(std::string s) {
   if (s.size() > 2 && s.front() == '(' && s.back() == ')') s = s.substr(1, s.size() - 2);
@@ -264,6 +293,7 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
                   ExprGraph& out, int& result, std::string& why) {
   using ir::Arg;
   using ir::Op;
+  bool ok = true;
   // The value of positional/keyword argument `pos`: a tensor's Expr, or a new constant.
   auto value = [&](int pos, const std::string& key, double dflt, bool& ok) -> int {
     const Arg* a = n.arg(pos, key);
@@ -278,11 +308,17 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
     c.value = v;
     return out.add(c);
   };
+  // A numeric parameter; a tensor parameter without a known value is not a constant, and
+  // silently using the default would change the function.
   auto param = [&](int pos, const std::string& key, double dflt) {
     const Arg* a = n.arg(pos, key);
     double v = dflt;
-    if (a && a->kind != Arg::Kind::none) scalar_value(g, *a, v);
+    if (a && a->kind != Arg::Kind::none && !scalar_value(g, *a, v)) ok = false;
     return v;
+  };
+  auto is_tensor = [&](int pos, const std::string& key) {
+    const Arg* a = n.arg(pos, key);
+    return a && a->is_node();
   };
   auto fn = [&](const std::string& name, std::vector<int> args, Params params = {}) {
     Expr e;
@@ -293,7 +329,6 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
     e.nodes = {n.id};
     return out.add(e);
   };
-  bool ok = true;
   const std::string name(ir::op_name(n.op));
   switch (n.op) {
     case Op::add:
@@ -303,11 +338,13 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
       int b = value(1, "other", 0, ok);
       const double alpha = param(2, "alpha", 1.0);
       if (!ok) break;
+      // add/sub: self (+|-) alpha * other;  rsub: other - alpha * self.
+      int& scaled = n.op == Op::rsub ? a : b;
       if (alpha != 1.0) {
         Expr c;
         c.kind = Expr::Kind::constant;
         c.value = alpha;
-        b = fn("mul", {b, out.add(c)});
+        scaled = fn("mul", {scaled, out.add(c)});
       }
       result = n.op == Op::add ? fn("add", {a, b}) : n.op == Op::sub ? fn("sub", {a, b}) : fn("sub", {b, a});
       return true;
@@ -372,15 +409,26 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
                   {param(1, "min_val", -1.0), param(2, "max_val", 1.0)});
       return ok;
     case Op::clamp:
-      result = fn("clamp", {value(0, "self", 0, ok)},
-                  {param(1, "min", -INFINITY), param(2, "max", INFINITY)});
-      return ok;
     case Op::clamp_min:
-      result = fn("clamp", {value(0, "self", 0, ok)}, {param(1, "min", -INFINITY), INFINITY});
+    case Op::clamp_max: {
+      const int lo_pos = n.op == Op::clamp_max ? -1 : 1;
+      const int hi_pos = n.op == Op::clamp ? 2 : n.op == Op::clamp_max ? 1 : -1;
+      if (is_tensor(lo_pos, "min") || is_tensor(hi_pos, "max")) {
+        // Tensor bounds (clamp.Tensor): maximum with the lower, minimum with the upper bound.
+        int x = value(0, "self", 0, ok);
+        if (n.arg(lo_pos, "min") && n.arg(lo_pos, "min")->kind != Arg::Kind::none) {
+          x = fn("maximum", {x, value(lo_pos, "min", -INFINITY, ok)});
+        }
+        if (n.arg(hi_pos, "max") && n.arg(hi_pos, "max")->kind != Arg::Kind::none) {
+          x = fn("minimum", {x, value(hi_pos, "max", INFINITY, ok)});
+        }
+        result = x;
+        return ok;
+      }
+      result = fn("clamp", {value(0, "self", 0, ok)},
+                  {param(lo_pos, "min", -INFINITY), param(hi_pos, "max", INFINITY)});
       return ok;
-    case Op::clamp_max:
-      result = fn("clamp", {value(0, "self", 0, ok)}, {-INFINITY, param(1, "max", INFINITY)});
-      return ok;
+    }
     case Op::softplus:
       result = fn("softplus", {value(0, "self", 0, ok)},
                   {param(1, "beta", 1.0), param(2, "threshold", 20.0)});

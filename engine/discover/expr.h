@@ -38,6 +38,7 @@ struct ExprGraph {
   // Drop expressions the root does not use, keeping SSA order.
   void compact();
   nlohmann::json to_json() const;
+  static ExprGraph from_json(const nlohmann::json& ssa);  // the inverse of to_json
   std::string to_text(const std::vector<std::string>& operand_names) const;
 };
 

@@ -39,6 +39,29 @@ bool is_weight(const Graph& g, int id) {
          src.kind == NodeKind::constant;
 }
 
+// Can dims [begin, end) fold into one dim with a single stride? (The ABI has one leading dim
+// and one batch stride per operand.) Size-1 dims never matter.
+bool collapsible(const TensorType& t, size_t begin, size_t end) {
+  int64_t inner = -1;  // stride the next outer dim must have, once a dim of size > 1 was seen
+  for (size_t i = end; i-- > begin;) {
+    if (t.shape[i] == 1) continue;
+    if (inner >= 0 && t.strides[i] != inner) return false;
+    inner = t.strides[i] * t.shape[i];
+  }
+  return true;
+}
+
+// Batch dims [0, r-2) of an operand, matching the output's and folding into one stride.
+bool batch_ok(const TensorType& t, const TensorType& out) {
+  const auto r = static_cast<size_t>(t.rank());
+  const auto ro = static_cast<size_t>(out.rank());
+  if (r != ro) return false;
+  for (size_t i = 0; i + 2 < r; ++i) {
+    if (t.shape[i] != out.shape[i]) return false;  // a broadcast batch dim: not one stride
+  }
+  return collapsible(t, 0, r - 2);
+}
+
 int64_t prod(const std::vector<int64_t>& v, size_t begin, size_t end) {
   int64_t p = 1;
   for (size_t i = begin; i < end; ++i) p *= v[i];
@@ -159,12 +182,8 @@ bool gemm_shape(const Graph& g, int node, GemmShape& s, std::string& why) {
     std::swap(wt.strides[0], wt.strides[1]);
     s.layout_b = matrix_layout(wt);
     s.b_transposed_weight = true;
-    if (A.rank() > 2 && s.layout_a == "row") {
-      // Leading dims must collapse into rows.
-      for (size_t i = 0; i + 2 < ra; ++i) {
-        if (A.strides[i] != A.strides[i + 1] * A.shape[i + 1]) s.layout_a = "strided";
-      }
-    }
+    // Leading dims fold into m: they must collapse into one row dimension.
+    if (A.rank() > 2 && !collapsible(A, 0, ra - 1)) s.layout_a = "strided";
   } else {
     const auto rb = static_cast<size_t>(B.rank());
     s.n = B.shape[rb - 1];
@@ -175,9 +194,13 @@ bool gemm_shape(const Graph& g, int node, GemmShape& s, std::string& why) {
     s.layout_b = matrix_layout(B);
     if (rb == 2) {
       s.m = prod(A.shape, 0, ra - 1);  // [.., m, k] @ [k, n]: leading dims fold into m
+      if (A.rank() > 2 && !collapsible(A, 0, ra - 1)) s.layout_a = "strided";
     } else {
       s.m = A.shape[ra - 2];
       s.batch = prod(O.shape, 0, static_cast<size_t>(O.rank()) - 2);
+      // One batch stride per operand: batch dims must match the output's and fold together.
+      if (!batch_ok(A, O)) s.layout_a = "strided";
+      if (!batch_ok(B, O)) s.layout_b = "strided";
     }
     const auto& bsrc = g.node(see_through(g, s.b).source);
     s.b_transposed_weight = s.b_is_weight && s.layout_b == "col" && bsrc.outputs.size() == 1 &&

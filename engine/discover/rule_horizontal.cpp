@@ -29,12 +29,20 @@ Attempt match_horizontal_gemm(const ir::Graph& g, int root) {
         g.node(t.b).type().dtype != g.node(s.b).type().dtype) {
       continue;
     }
+    // Parts compute acc or acc + a row-vector bias (alpha = beta = 1): one concatenated bias.
+    const auto& seed = t.seed.exprs;
+    const bool plain = seed.size() == 1;
+    const bool biased = seed.size() == 3 && t.seed_operands.size() == 1 && t.seed_operands[0].broadcast == "row";
+    if (!plain && !biased) continue;
     group.push_back(cand);
     shapes.push_back(t);
   }
   if (group.size() < 2) {
     return miss(rule, root, root, 2,
                 "no other GEMM reads '" + g.node(a_src).name + "' with a weight of the same K");
+  }
+  if (std::find(group.begin(), group.end(), root) == group.end()) {
+    return miss(rule, root, root, 2, "its own alpha/beta or a non-row bias does not fuse horizontally");
   }
   if (*std::min_element(group.begin(), group.end()) != root) {
     return miss(rule, root, root, 2, "anchored at the group's first GEMM instead");

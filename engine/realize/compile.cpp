@@ -150,21 +150,31 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
   CompileOptions opt = opt_in;
   opt.cutlass_dir = find_cutlass(opt.cutlass_dir);
   if (opt.cache_dir.empty()) opt.cache_dir = default_cache_dir();
-  fs::create_directories(opt.cache_dir);
+  std::error_code ec;
+  fs::create_directories(opt.cache_dir, ec);
+  if (ec || !fs::is_directory(opt.cache_dir)) {
+    throw UserError("kernel cache " + opt.cache_dir + ": cannot create it (" + ec.message() +
+                    "); point FACT_CACHE_DIR or --cache-dir at a writable folder");
+  }
   const auto flags = nvcc_flags(opt);
-  // Everything that changes the binary is in the key, problem sizes never.
-  std::string salt = nvcc_version(opt.nvcc) + "|cutlass " + cutlass_version(opt.cutlass_dir) + "|" + opt.arch +
-                     "|" + abi_header_text();
+  // Everything that changes the binary is in the key, problem sizes never: nvcc, the host
+  // compiler, nvcc's environment flags, which CUTLASS tree (path and version), arch and flags.
+  std::string salt = nvcc_version(opt.nvcc) + "|host " + capture("g++ --version 2>/dev/null | head -1") +
+                     "|cutlass " + cutlass_version(opt.cutlass_dir) + " at " +
+                     fs::weakly_canonical(opt.cutlass_dir).string() + "|" + opt.arch + "|" + abi_header_text();
+  for (const char* env : {"NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"}) {
+    if (const char* v = std::getenv(env)) salt += std::string("|") + env + "=" + v;
+  }
   for (const auto& f : flags) salt += "|" + f;
 
   std::vector<CompileResult> results(jobs.size());
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
   std::mutex print;
-  auto worker = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) {
-      const auto& job = jobs[i];
-      auto& r = results[i];
+  // One kernel: build, publish into the cache, or keep the failure. Never throws: a worker
+  // thread that threw would end the process.
+  auto compile_one = [&](const CompileJob& job, CompileResult& r) {
+    try {
       r.name = job.name;
       r.key = sha256_hex(salt + "|" + job.source);
       const fs::path entry = fs::path(opt.cache_dir) / r.key;
@@ -189,9 +199,9 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         r.ok = rc == 0 && fs::exists(tmp / "kernel.so");
         write_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok}, {"rc", rc}}).dump(2));
         if (r.ok) {
-          std::error_code ec;
-          fs::rename(tmp, entry, ec);
-          if (ec) fs::remove_all(tmp);  // another process published the same key first
+          std::error_code rename_error;
+          fs::rename(tmp, entry, rename_error);
+          if (rename_error) fs::remove_all(tmp);  // another process published the same key first
         } else {
           const fs::path failed = fs::path(opt.cache_dir) / ("failed-" + r.key);
           fs::remove_all(failed);
@@ -202,6 +212,17 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         }
       }
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } catch (const std::exception& e) {
+      r.ok = false;
+      r.library.clear();
+      r.error = std::string("could not compile: ") + e.what();
+    }
+  };
+  auto worker = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      const auto& job = jobs[i];
+      auto& r = results[i];
+      compile_one(job, r);
       const size_t n = ++done;
       if (!opt.quiet) {
         std::lock_guard<std::mutex> lock(print);

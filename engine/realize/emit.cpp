@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "discover/expr.h"
 #include "ir/error.h"
 #include "realize_templates.h"
 
@@ -56,8 +57,8 @@ std::string function_expr(const json& e, const std::vector<std::string>& a, cons
   if (fn == "sub") return a[0] + " - " + a[1];
   if (fn == "mul") return a[0] + " * " + a[1];
   if (fn == "div") return a[0] + " / " + a[1];
-  if (fn == "minimum") return "fminf(" + a[0] + ", " + a[1] + ")";
-  if (fn == "maximum") return "fmaxf(" + a[0] + ", " + a[1] + ")";
+  if (fn == "minimum") return "fact_min(" + a[0] + ", " + a[1] + ")";
+  if (fn == "maximum") return "fact_max(" + a[0] + ", " + a[1] + ")";
   if (fn == "pow") return "powf(" + a[0] + ", " + a[1] + ")";
   if (fn == "where") return "(" + a[0] + " != 0.0f ? " + a[1] + " : " + a[2] + ")";
   if (fn == "eq") return cmp("==");
@@ -80,7 +81,7 @@ std::string function_expr(const json& e, const std::vector<std::string>& a, cons
   if (fn == "cos") return "cosf(" + a[0] + ")";
   if (fn == "tanh") return m.tanh + "(" + a[0] + ")";
   if (fn == "sigmoid") return "1.0f / (1.0f + " + m.exp + "(-" + a[0] + "))";
-  if (fn == "relu") return "fmaxf(" + a[0] + ", 0.0f)";
+  if (fn == "relu") return "fact_max(" + a[0] + ", 0.0f)";
   if (fn == "silu") return a[0] + " / (1.0f + " + m.exp + "(-" + a[0] + "))";
   if (fn == "gelu_erf") return "0.5f * " + a[0] + " * (1.0f + erff(" + a[0] + " * 0.70710678118654752f))";
   if (fn == "gelu_tanh") {
@@ -93,11 +94,11 @@ std::string function_expr(const json& e, const std::vector<std::string>& a, cons
            ")) / " + beta + ")";
   }
   if (fn == "mish") return a[0] + " * " + m.tanh + "(" + a[0] + " > 20.0f ? " + a[0] + " : log1pf(" + m.exp + "(" + a[0] + ")))";
-  if (fn == "hardswish") return a[0] + " * fminf(fmaxf(" + a[0] + " + 3.0f, 0.0f), 6.0f) / 6.0f";
-  if (fn == "hardsigmoid") return "fminf(fmaxf(" + a[0] + " + 3.0f, 0.0f), 6.0f) / 6.0f";
+  if (fn == "hardswish") return a[0] + " * fact_min(fact_max(" + a[0] + " + 3.0f, 0.0f), 6.0f) / 6.0f";
+  if (fn == "hardsigmoid") return "fact_min(fact_max(" + a[0] + " + 3.0f, 0.0f), 6.0f) / 6.0f";
   if (fn == "leaky_relu") return "(" + a[0] + " >= 0.0f ? " + a[0] + " : " + a[0] + " * " + param(0, "0.01f") + ")";
-  if (fn == "hardtanh") return "fminf(fmaxf(" + a[0] + ", " + param(0, "-1.0f") + "), " + param(1, "1.0f") + ")";
-  if (fn == "clamp") return "fminf(fmaxf(" + a[0] + ", " + param(0, "(-INFINITY)") + "), " + param(1, "INFINITY") + ")";
+  if (fn == "hardtanh") return "fact_min(fact_max(" + a[0] + ", " + param(0, "-1.0f") + "), " + param(1, "1.0f") + ")";
+  if (fn == "clamp") return "fact_min(fact_max(" + a[0] + ", " + param(0, "(-INFINITY)") + "), " + param(1, "INFINITY") + ")";
   if (fn == "elu") {
     return param(1, "1.0f") + " * (" + a[0] + " > 0.0f ? " + a[0] + " : " + param(0, "1.0f") + " * (" + m.exp + "(" + a[0] +
            " * " + param(2, "1.0f") + ") - 1.0f))";
@@ -216,7 +217,6 @@ GemmSpec GemmSpec::from_pattern(const json& p) {
   }
   if (p.contains("epilogue_expr")) {
     s.ssa = p["epilogue_expr"].at("ssa");
-    s.epilogue_text = p["epilogue_expr"].value("text", "acc");
   } else {
     // Horizontal fusion: acc, plus the concatenated bias when the parts have one.
     s.ssa = json::array({{{"id", 0}, {"op", "acc"}}});
@@ -228,6 +228,11 @@ GemmSpec GemmSpec::from_pattern(const json& p) {
       s.epilogue_text = "acc + bias";
     }
   }
+  // The text that goes into the source names operands by position, not by graph node, so the
+  // same kernel for another model is the same source (and the same cache entry).
+  std::vector<std::string> names;
+  for (size_t i = 0; i < s.operands.size(); ++i) names.push_back("op" + std::to_string(i));
+  s.epilogue_text = discover::ExprGraph::from_json(s.ssa).to_text(names);
   int full = 0;
   for (const auto& o : s.operands) full += o.kind == "full" ? 1 : 0;
   if (full > 1) throw NotSupported("more than one full-size epilogue operand (only C is fetched so far)");
@@ -282,7 +287,7 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
       throw NotSupported("epilogue operand kind '" + o.kind + "'");
     }
     checks += "  if (!p->operands[" + idx + "]) return fail(FACT_INVALID_ARGS, \"epilogue operand " + idx + " (" +
-              o.kind + ", " + o.node + ") is null\");\n";
+              o.kind + ") is null\");\n";
   }
   fusion_args += ", {}}";
   if (c.tile_scheduler != "stream_k") {

@@ -47,6 +47,11 @@ using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using TileScheduler = cutlass::gemm::StreamKScheduler;
 
+// max/min that propagate NaN from either side, as PyTorch's maximum/minimum/relu/clamp do
+// (fmaxf/fminf would return the other operand).
+CUTLASS_HOST_DEVICE float fact_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+CUTLASS_HOST_DEVICE float fact_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }
+
 // The pattern's epilogue over fragments: out[i] = f(acc[i], operand0[i], ...).
 template <class T>
 struct FactEpilogue {
