@@ -86,6 +86,8 @@ constexpr double kTwoStageEff = 0.85, kThreeStageEff = 0.95;
 constexpr double kClusterGain = 1.02;
 // Stream-K: the partial accumulators of split tiles go through a global workspace and are summed
 // by the tile's last worker: about a tenth of a tile's time.
+// H200 L2: 60 MB (50 MB usable for operand reuse, a rule of thumb).
+constexpr double kL2Bytes = 50e6;
 constexpr double kStreamKFixup = 0.10;
 // Registry boosts: a config measured within 10% of the best on a problem counts as "measured
 // well". Same problem: halve its score; nearest problems: up to x0.7, fading with distance
@@ -391,7 +393,10 @@ FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& co
 //   persistent: ceil(tiles / 132) waves of t_tile;
 //   stream_k  : the tiles' K iterations spread evenly over 132 SMs, plus a fixup; degenerates to
 //               data-parallel (+1%) when the tiles fill whole waves;
-//   time      = max(that, the problem's bytes / bandwidth).
+//   memory    = the operands' bytes, where an operand bigger than L2 counts once per tile row
+//               (A: ceil(n-tiles / cluster_n), B: ceil(m-tiles / cluster_m); TMA multicast shares a
+//               load across the cluster): re-reads of a small operand hit L2, a big one's do not;
+//   time      = max(that, memory / bandwidth).
 std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs,
                               const std::vector<registry::Hit>& hits) {
   const auto& hw = discover::hardware("sm90", "");
@@ -458,7 +463,9 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
       } else {
         const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
         const double t_iter = t_tile / static_cast<double>(k_iters);
-        t_compute = static_cast<double>(ceil_div(useful * k_iters, kSm90SmCount)) * t_iter + kStreamKFixup * t_tile;
+        // The fixup (partial accumulators reduced across SMs) costs a share of each SM's work,
+        // not of a whole tile's: a whole-K tile can be thousands of iterations long.
+        t_compute = static_cast<double>(ceil_div(useful * k_iters, kSm90SmCount)) * t_iter * (1.0 + kStreamKFixup);
         r.reasons.push_back("stream_k: " + std::to_string(useful * k_iters) + " K iterations over " +
                             std::to_string(kSm90SmCount) + " SMs, plus fixup");
       }
@@ -467,8 +474,20 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
                           (waves > 1 ? "s" : "") + ", last " +
                           fmt(100.0 * static_cast<double>(last) / kSm90SmCount, 3) + "% full");
     }
-    if (t_memory > t_compute) r.reasons.push_back("memory-bound: " + fmt(t_memory * 1e6) + " us of traffic");
-    r.est_us = std::max(t_compute, t_memory) * 1e6;
+    // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
+    // and clusters that load each operand once.
+    const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
+    const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
+    const double a_reads = static_cast<double>(ceil_div(tiles_n, c.cluster_n));
+    const double b_reads = static_cast<double>(ceil_div(tiles_m, c.cluster_m));
+    const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
+                         (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
+    const double t_mem = t_memory + extra / hw.bandwidth;
+    if (extra > 0) {
+      r.reasons.push_back("operands beyond L2 re-read: A x" + fmt(a_reads) + ", B x" + fmt(b_reads));
+    }
+    if (t_mem > t_compute) r.reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
+    r.est_us = std::max(t_compute, t_mem) * 1e6;
     r.score = r.est_us;
     // Registry: the best-applying boost among the measurements of this very config.
     double factor = 1.0;

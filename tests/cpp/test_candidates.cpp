@@ -316,4 +316,13 @@ TEST(Candidates, PingpongWithStreamKIsDropped) {
   }
 }
 
+TEST(Candidates, LongKWithFewTilesPrefersReadingEachOperandOnce) {
+  // 256 x 256 x 524288 bf16: A and B are 256 MB each, far beyond L2. 128x64 tiles would read A
+  // four times; 128x256 tiles in a 2x1 cluster read each operand once.
+  const auto p = bf16_problem(256, 256, 524288);
+  const auto ranked = rank_sm90(p, {cfg(128, 64, 64, "cooperative", 0, "stream_k"),
+                                    cfg(128, 256, 64, "cooperative", 0, "stream_k")});
+  EXPECT_EQ(ranked[0].config.tile_n, 256) << ranked[0].config.name();
+}
+
 }  // namespace fact::realize
