@@ -35,8 +35,8 @@ struct CompileResult {
   double seconds = 0;
 };
 
-// Where CUTLASS lives: $CUTLASS_DIR, else empty (the caller must say). UserError when a given
-// directory does not hold CUTLASS's headers.
+// Where CUTLASS lives: `hint`, else $CUTLASS_DIR. UserError when neither is set or the directory
+// does not hold CUTLASS's headers.
 std::string find_cutlass(const std::string& hint);
 std::string cutlass_version(const std::string& cutlass_dir);
 std::string nvcc_version(const std::string& nvcc);

@@ -42,7 +42,7 @@ struct GemmSpec {
 };
 
 struct EmittedKernel {
-  std::string name;    // fact_gemm_<spec id>_<config name>
+  std::string name;    // fact_gemm_<dtypes>_<layouts>_<spec id>_<config name>
   std::string source;  // the .cu text
 };
 

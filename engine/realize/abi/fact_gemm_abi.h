@@ -35,7 +35,9 @@ typedef struct FactGemmArgs {
   void* d;        /* always row layout: D[m, n] at d + m*ldd + n */
   int64_t ldd, batch_stride_d;
   /* Epilogue operands in the plan's order: row vectors [n], column vectors [m], scalars
-   * (device pointer to one element) and full tensors [m, n] (row layout, ld in operand_ld). */
+   * (device pointer to one element) and full tensors [m, n] (row layout, ld in operand_ld).
+   * A horizontally fused GEMM takes one row vector: the parts' biases concatenated along n
+   * (zeros for a part without one). */
   const void* operands[FACT_MAX_EPILOGUE_OPERANDS];
   int64_t operand_ld[FACT_MAX_EPILOGUE_OPERANDS];
   int64_t operand_batch_stride[FACT_MAX_EPILOGUE_OPERANDS];

@@ -1179,7 +1179,13 @@ def _parse_knobs(text: str | None) -> tuple[str, list[dict[str, Any]] | None]:
     """--knobs: 'default' | 'sweep' | a JSON list (or a file holding one)."""
     if text in (None, "sweep", "default"):
         return text or "sweep", None
-    raw = Path(text).read_text() if Path(text).is_file() else text
+    # Inline JSON first: a long list is not a file name (stat would fail with ENAMETOOLONG).
+    if text.lstrip().startswith("["):
+        raw = text
+    elif Path(text).is_file():
+        raw = Path(text).read_text()
+    else:
+        raise FactError(f"--knobs: {text!r} is not 'default', 'sweep', a JSON list or a file")
     try:
         knobs = json.loads(raw)
     except json.JSONDecodeError as exc:
