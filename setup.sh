@@ -23,4 +23,7 @@ echo "== python environment (.venv): FACT, torch and friends"
 echo "== C++ engine (build/)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)"
+
+echo "== pattern registry: vetted configs measured on the H200 (data/registry_seed.json)"
+./build/fact-engine registry import data/registry_seed.json
 echo "== ready: .venv/bin/fact discover examples/minigpt_block.py --dtype bf16"

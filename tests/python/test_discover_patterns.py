@@ -529,3 +529,29 @@ def test_cli_truncated_real_graph(engine_available, tmp_path):
     (tmp_path / "cut.json").write_text(text[: len(text) // 2])
     res = run_fact("discover", str(tmp_path / "cut.json"))
     assert res.returncode == 2 and "malformed JSON" in res.stderr and "truncated" in res.stderr
+
+
+def test_seed_registry_gives_vetted_configs(engine_available, tmp_path):
+    """The shipped seed (measured on the H200) answers the MiniGPT MLP GEMM exactly."""
+    registry = tmp_path / "registry.db"
+    imported = subprocess.run(
+        [str(engine_available), "registry", "import", str(REPO / "data" / "registry_seed.json"),
+         "--registry", str(registry)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    graph = tmp_path / "g.json"
+    assert (
+        run_fact(
+            "trace", "examples/minigpt_block.py", "--dtype", "bf16", "-o", str(graph)
+        ).returncode
+        == 0
+    )
+    from fact.engine import engine_json
+
+    plan = engine_json("discover", graph, "--registry", str(registry))
+    mlp = next(p for p in plan["patterns"] if p["epilogue"] == ["bias", "gelu_tanh"])
+    assert mlp["vetted"], "no vetted configs for the bias+gelu_tanh GEMM"
+    assert mlp["vetted"][0]["match"] == "exact" and mlp["vetted"][0]["provenance"] == "seed"
+    times = [v["time_us"] for v in mlp["vetted"]]
+    assert times == sorted(times)  # exact matches, fastest first
