@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -121,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--knobs", default="sweep", help="sweep (default), default, or a JSON list")
     tune.add_argument("--registry", metavar="PATH", help="registry file (default ~/.cache/fact)")
     tune.add_argument("--no-import", action="store_true", help="leave the registry untouched")
+    tune.add_argument(
+        "--retune",
+        action="store_true",
+        help="measure kernels the registry already has a passed row for (default: skip them)",
+    )
     tune.set_defaults(run=_tune)
 
     registry = commands.add_parser(
@@ -194,21 +200,70 @@ def _registry(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from fact.tune import harness  # imports torch
-
     run = args.run_dir
     if not (run / "manifest.json").is_file() or not (run / "plan.json").is_file():
         raise FactError(f"{run} is not a `fact realize` run directory (no manifest.json/plan.json)")
-    argv = [str(run / "plan.json"), "--kernels", str(run), "--out", str(run / "results.json")]
+    registry = _option("--registry", args.registry)
+    kernels = run
+    if not args.retune:
+        pending = _unmeasured(run, registry)
+        if pending is not None:
+            if not pending:
+                print(
+                    f"every kernel of {run} already has a verified measurement in the registry; "
+                    "nothing to tune (--retune measures them again)",
+                    file=sys.stderr,
+                )
+                return 0
+            kernels = run / "manifest.pending.json"
+            kernels.write_text(json.dumps(pending, indent=1))
+    from fact.tune import harness  # imports torch: only when there is something to measure
+
+    argv = [str(run / "plan.json"), "--kernels", str(kernels), "--out", str(run / "results.json")]
     argv += ["--export", str(run / "registry_export.json"), "--knobs", args.knobs]
     argv += _option("--precision", args.precision)
     status = harness.main(argv)
     if status != 0 or args.no_import:
         return status
-    registry = _option("--registry", args.registry)
     done = run_engine(["registry", "import", str(run / "registry_export.json"), *registry])
     sys.stdout.write(done.stdout)
     return 0
+
+
+def _unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
+    """The run's manifest entries that the registry has no passed row for (same signature,
+    arch, problem and config), or None when there is no registry to ask yet."""
+    from fact.errors import EngineError
+
+    try:
+        doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
+    except EngineError:
+        return None  # no registry file yet: everything is new
+    known = {
+        (
+            r["signature"],
+            r["arch"],
+            json.dumps(r["problem"], sort_keys=True),
+            r["config"].get("name"),
+        )
+        for r in doc.get("rows", [])
+        if r.get("disposition") == "passed"
+    }
+    plan = json.loads((run / "plan.json").read_text())
+    pending = []
+    for entry in json.loads((run / "manifest.json").read_text()):
+        if not entry.get("library"):
+            continue
+        pattern = plan["patterns"][entry["pattern_index"]]
+        key = (
+            pattern["signature"],
+            plan.get("arch", "sm90"),
+            json.dumps(pattern["problem"], sort_keys=True),
+            entry["config"].get("name"),
+        )
+        if key not in known:
+            pending.append(entry)
+    return pending
 
 
 def find_cutlass(hint: str | None) -> str:

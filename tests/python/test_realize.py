@@ -96,3 +96,35 @@ def test_realize_reports_unsupported_patterns(engine_available, tmp_path):
     assert res.returncode == 0, res.stderr
     manifest = json.loads(res.stdout)
     assert manifest[0]["status"] == "not_supported" and "norm" in manifest[0]["detail"]
+
+
+def test_warm_tune_skips_what_the_registry_measured(engine_available, tmp_path):
+    """`fact tune` asks the registry first: kernels with a passed row for the same signature,
+    arch, problem and config are not measured again, so a warm re-run needs no GPU work."""
+    from fact.cli import _unmeasured, main
+
+    run = tmp_path / "run"
+    (run / "lib").mkdir(parents=True)
+    (run / "lib" / "k.so").write_bytes(b"")
+    pattern = {"signature": "gemm[bias]:bf16,bf16->bf16:row,col", "problem": {"batch": 1, "m": 64}}
+    (run / "plan.json").write_text(json.dumps({"arch": "sm90", "patterns": [pattern]}))
+    config = {"name": "t128x128x64_c1x1_coop_tmacoop_sauto_persistent", "tile": [128, 128, 64],
+              "cluster": [1, 1], "kernel_schedule": "cooperative",
+              "epilogue_schedule": "tma_cooperative", "stages": 0}  # fmt: skip
+    entry = {"pattern_index": 0, "kernel": "k", "library": "lib/k.so", "config": config}
+    (run / "manifest.json").write_text(json.dumps([entry]))
+    registry = tmp_path / "registry.db"
+    assert _unmeasured(run, ["--registry", str(registry)]) is None  # no registry yet
+    row = {"signature": pattern["signature"], "arch": "sm90", "problem": pattern["problem"],
+           "config": config, "time_us": 12.5, "error": 1e-3, "disposition": "passed",
+           "provenance": "tuned"}  # fmt: skip
+    export = tmp_path / "rows.json"
+    export.write_text(json.dumps({"fact_registry_export": 1, "schema_version": 1, "rows": [row]}))
+    imported = subprocess.run(
+        [str(engine_available), "registry", "import", str(export), "--registry", str(registry)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+    assert _unmeasured(run, ["--registry", str(registry)]) == []
+    # So the whole tune is a no-op that says why (and never imports torch's harness).
+    assert main(["tune", str(run), "--registry", str(registry)]) == 0
