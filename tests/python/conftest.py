@@ -32,3 +32,17 @@ def minigpt():
     program = export_module(problem.model, problem.inputs, source=str(path))
     graph = graph_from_program(program, source=str(path), model=problem.name)
     return problem, program, graph
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_registry(tmp_path_factory):
+    """Tests never read or write the user's pattern registry (~/.cache/fact/registry.db)."""
+    import os
+
+    old = os.environ.get("FACT_REGISTRY")
+    os.environ["FACT_REGISTRY"] = str(tmp_path_factory.mktemp("registry") / "registry.db")
+    yield
+    if old is None:
+        os.environ.pop("FACT_REGISTRY", None)
+    else:
+        os.environ["FACT_REGISTRY"] = old
