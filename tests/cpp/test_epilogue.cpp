@@ -275,6 +275,39 @@ TEST_P(GrowEpilogue, ScaleThenLeakyReluCarriesItsSlope) {
   EXPECT_EQ(r.ep.text(), "leaky_relu(acc * 0.5, 0.2)");
 }
 
+TEST_P(GrowEpilogue, RsubScalesSelfByAlpha) {
+  // torch.rsub(y, 1.0, alpha=2) = 1 - 2*y: alpha scales self, not other.
+  auto b = linear_graph(dt(), false);
+  b.call("r", "aten.rsub.Scalar", {N("y"), 1.0}, t(), {{"alpha", 2.0}});
+  const auto r = grow(b);
+  ASSERT_EQ(r.ep.nodes.size(), 1u);
+  EXPECT_EQ(r.ep.text(), "1 - (acc * 2)");
+}
+
+TEST_P(GrowEpilogue, ClampWithTensorBoundsKeepsTheBounds) {
+  // clamp(y, min=lo) with lo a [8] buffer: maximum with an operand, never a dropped bound.
+  auto b = linear_graph(dt(), false);
+  b.param("lo", T(dt(), {8}));
+  b.call("c", "aten.clamp.Tensor", {N("y"), N("lo")}, t());
+  const auto r = grow(b);
+  ASSERT_EQ(r.ep.nodes.size(), 1u);
+  ASSERT_EQ(r.ep.operands.size(), 1u);
+  EXPECT_EQ(r.ep.operands[0].broadcast, "row");
+  EXPECT_EQ(r.ep.text(), "maximum(acc, lo)");
+}
+
+TEST_P(GrowEpilogue, StridedOperandIsNotAbsorbed) {
+  // y + z.t() with z [8, 16]: a full-shape operand that is not row-major is not read densely.
+  auto b = linear_graph(dt(), false);
+  b.input("z", T(dt(), {8, 16}));
+  b.call("zt", "aten.t.default", {N("z")}, T(dt(), {16, 8}, std::vector<int64_t>{1, 16}));
+  b.call("s", "aten.add.Tensor", {N("y"), N("zt")}, t());
+  const auto r = grow(b);
+  EXPECT_TRUE(r.ep.nodes.empty());
+  ASSERT_FALSE(r.ep.stops.empty());
+  EXPECT_NE(r.ep.stops[0].find("strided view"), std::string::npos) << r.ep.stops[0];
+}
+
 TEST_P(GrowEpilogue, SubtractRowThenMultiplyByColumnThenRelu) {
   auto b = linear_graph(dt(), false);
   b.param("v", T(dt(), {8}));
