@@ -13,6 +13,7 @@
 #include "ir/json_io.h"
 #include "realize/config_space.h"
 #include "registry/registry.h"
+#include "util/files.h"
 
 namespace fact {
 
@@ -127,12 +128,6 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
 
 namespace {
 
-void write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) throw UserError("cannot write " + path.string());
-}
-
 std::string results_table(const json& manifest) {
   std::ostringstream os;
   os << "| pattern | family | kernel | status | detail |\n| --- | --- | --- | --- | --- |\n";
@@ -158,7 +153,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   } catch (const fs::filesystem_error& e) {
     throw UserError("run directory " + opt.run_dir + ": " + e.code().message() + " (pass --out a writable folder)");
   }
-  write_text(run / "plan.json", r.plan.dump(2));
+  write_text_file(run / "plan.json", r.plan.dump(2));
   const auto reg = registry::Registry::open_readonly(r.plan["registry"]["path"].get<std::string>());
   // 2. Per GEMM-family pattern: ranked configs, then one emitted source per config.
   struct Pending {
@@ -199,7 +194,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       ++r.not_supported;
       continue;
     }
-    write_text(run / "candidates" / ("pattern-" + std::to_string(i) + ".json"), realize::candidates_json(cands).dump(2));
+    write_text_file(run / "candidates" / ("pattern-" + std::to_string(i) + ".json"), realize::candidates_json(cands).dump(2));
     for (const auto& ranked : cands.ranked) {
       json entry = base;
       entry["config"] = ranked.config.to_json();
@@ -208,7 +203,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
         entry["kernel"] = k.name;
         pending.push_back({i, k.name, entry["config"]});
         if (seen.insert(k.name).second) {
-          write_text(run / "src" / (k.name + ".cu"), k.source);
+          write_text_file(run / "src" / (k.name + ".cu"), k.source);
           jobs.push_back({k.name, std::move(k.source)});
         }
       } catch (const realize::NotSupported& e) {
@@ -219,7 +214,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       }
     }
   }
-  write_text(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
+  write_text_file(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
   // 3. Compile what the cache does not hold yet, in parallel.
   realize::CompileOptions copt;
   copt.cutlass_dir = opt.cutlass_dir;
@@ -259,8 +254,8 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     }
     r.manifest.push_back(entry);
   }
-  write_text(run / "manifest.json", r.manifest.dump(2));
-  write_text(run / "results.md", results_table(r.manifest));
+  write_text_file(run / "manifest.json", r.manifest.dump(2));
+  write_text_file(run / "results.md", results_table(r.manifest));
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "ir/error.h"
+#include "util/files.h"
 
 namespace fact::cli {
 
@@ -85,20 +86,6 @@ std::string time_text(double us) {
   return s.str();
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  // Write beside the target, then rename: a failed export never leaves half a file behind.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw UserError(path + ": cannot write (does the directory exist?)");
-    f << text;
-    f.close();
-    if (!f) throw UserError(path + ": write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw UserError(path + ": cannot write: " + ec.message());
-}
 
 }  // namespace
 
@@ -180,7 +167,7 @@ int run_registry_command(const RegistryCommand& cmd, std::ostream& out) {
     if (cmd.output.empty() || cmd.output == "-") {
       out << doc.dump(2) << "\n";
     } else {
-      write_file(cmd.output, doc.dump(2) + "\n");
+      write_text_file(cmd.output, doc.dump(2) + "\n");
       out << cmd.output << ": " << doc["rows"].size() << " rows exported from " << path << "\n";
     }
     return 0;

@@ -19,6 +19,7 @@
 
 #include "ir/error.h"
 #include "realize/emit.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -31,12 +32,6 @@ std::string read_file(const fs::path& p) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
-}
-
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary);
-  out << text;
-  if (!out) throw UserError("cannot write " + p.string());
 }
 
 // Run argv with stdout+stderr to `log`; returns the exit status (-1 if it could not start).
@@ -187,8 +182,8 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         // Build in a private folder, publish with one rename: a crash never leaves half an entry.
         const fs::path tmp = fs::path(opt.cache_dir) / (".tmp-" + r.key + "-" + std::to_string(getpid()));
         fs::create_directories(tmp);
-        write_file(tmp / "kernel.cu", job.source);
-        write_file(tmp / "fact_gemm_abi.h", abi_header_text());
+        write_text_file(tmp / "kernel.cu", job.source);
+        write_text_file(tmp / "fact_gemm_abi.h", abi_header_text());
         std::vector<std::string> argv = {opt.nvcc};
         argv.insert(argv.end(), flags.begin(), flags.end());
         for (const auto& inc : {fs::path(opt.cutlass_dir) / "include", fs::path(opt.cutlass_dir) / "tools" / "util" / "include", tmp}) {
@@ -197,7 +192,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         argv.insert(argv.end(), {(tmp / "kernel.cu").string(), "-o", (tmp / "kernel.so").string()});
         const int rc = run_logged(argv, tmp / "build.log");
         r.ok = rc == 0 && fs::exists(tmp / "kernel.so");
-        write_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok}, {"rc", rc}}).dump(2));
+        write_text_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok}, {"rc", rc}}).dump(2));
         if (r.ok) {
           std::error_code rename_error;
           fs::rename(tmp, entry, rename_error);
