@@ -541,9 +541,13 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   auto configs = enumerate_sm90(out.problem, opt.precision);
   std::set<std::string> listed;
   for (const auto& c : configs) listed.insert(c.name());
+  // The registry's signature does not say which math a kernel used: a tf32 config measured for
+  // a model run under "high" must not come back for one that asks for "highest".
+  const std::string math = configs.empty() ? std::string() : configs.front().math;
   for (const auto& h : hits) {
     try {
       const auto c = GemmConfig::from_json(h.row.config);
+      if (!math.empty() && c.math != math) continue;
       if (listed.insert(c.name()).second) configs.push_back(c);
     } catch (const nlohmann::json::exception&) {
       // A row whose config is not a GemmConfig (another kernel kind): nothing to add.

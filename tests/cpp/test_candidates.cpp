@@ -325,4 +325,39 @@ TEST(Candidates, LongKWithFewTilesPrefersReadingEachOperandOnce) {
   EXPECT_EQ(ranked[0].config.tile_n, 256) << ranked[0].config.name();
 }
 
+TEST(Candidates, RegistryConfigsOfAnotherMathAreNotCandidates) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fact_cand_math_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto m = gemm_match(4096, 3072, 768, "f32");
+  CandidateOptions high;
+  high.top_n = 1000;
+  high.precision = "high";
+  const auto tf32 = candidates(m, high);
+  ASSERT_FALSE(tf32.ranked.empty());
+  auto measured = tf32.ranked[0].config;
+  measured.stages = 5;  // outside the literal lists: it can only come from the registry
+  ASSERT_EQ(measured.math, "tf32");
+  {
+    auto reg = registry::Registry::open_writable((dir / "r.db").string());
+    registry::Row row;
+    row.signature = tf32.signature;
+    row.arch = "sm90";
+    row.problem = m.problem;
+    row.config = measured.to_json();
+    row.time_us = 100;
+    row.provenance = "tuned";
+    reg.insert(row);
+    CandidateOptions highest = high;
+    highest.precision = "highest";  // fp32-accurate: 3xtf32 math only
+    const auto cold = candidates(m, highest);
+    high.registry = &reg;
+    highest.registry = &reg;
+    EXPECT_EQ(candidates(m, high).enumerated, tf32.enumerated + 1);  // the measured config joins
+    const auto accurate = candidates(m, highest);
+    EXPECT_EQ(accurate.enumerated, cold.enumerated);  // ... but not under another math
+    for (const auto& r : accurate.ranked) EXPECT_EQ(r.config.math, "3xtf32");
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace fact::realize
