@@ -10,6 +10,7 @@
 #include "realize/candidates.h"
 #include "realize/compile.h"
 #include "realize/emit.h"
+#include "realize/norm.h"
 #include "ir/json_io.h"
 #include "realize/config_space.h"
 #include "registry/registry.h"
@@ -169,6 +170,30 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     const auto& match = d.discovery.chosen[i].match;
     const auto& pattern = r.plan["patterns"][i];
     json base = {{"pattern_index", i}, {"family", pattern["family"]}, {"signature", pattern["signature"]}};
+    if (match.family == discover::Family::norm) {
+      // Row norms: one kernel per block width; verified and timed where they run (composition).
+      try {
+        const auto spec = realize::NormSpec::from_pattern(pattern);
+        json configs = json::array();
+        for (const auto& c : realize::norm_configs(spec)) {
+          configs.push_back(c.to_json());
+          auto k = realize::emit_norm(spec, c);
+          pending.push_back({i, k.name, c.to_json()});
+          if (seen.insert(k.name).second) {
+            write_text_file(run / "src" / (k.name + ".cu"), k.source);
+            jobs.push_back({k.name, std::move(k.source)});
+          }
+        }
+        write_text_file(run / "candidates" / ("pattern-" + std::to_string(i) + ".json"),
+                        json({{"family", "norm"}, {"configs", configs}}).dump(2));
+      } catch (const realize::NotSupported& e) {
+        base["status"] = "not_supported";
+        base["detail"] = e.what();
+        r.manifest.push_back(base);
+        ++r.not_supported;
+      }
+      continue;
+    }
     if (!realize::supports_candidates(match, opt.discover.arch)) {
       base["status"] = "not_supported";
       base["detail"] = std::string("no kernel family for ") + discover::family_name(match.family) + " on " +
@@ -215,6 +240,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     }
   }
   write_text_file(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
+  write_text_file(run / "src" / "fact_norm_abi.h", realize::norm_abi_header_text());
   // 3. Compile what the cache does not hold yet, in parallel.
   realize::CompileOptions copt;
   copt.cutlass_dir = opt.cutlass_dir;

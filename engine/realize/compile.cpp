@@ -19,6 +19,7 @@
 
 #include "ir/error.h"
 #include "realize/emit.h"
+#include "realize/norm.h"
 #include "util/files.h"
 
 namespace fs = std::filesystem;
@@ -171,7 +172,9 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
   auto compile_one = [&](const CompileJob& job, CompileResult& r) {
     try {
       r.name = job.name;
-      r.key = sha256_hex(salt + "|" + job.source);
+      // Headers only some kernels include count only for those (the GEMM keys stay as they were).
+      const bool norm = job.source.find("\"fact_norm_abi.h\"") != std::string::npos;
+      r.key = sha256_hex(salt + (norm ? std::string("|") + norm_abi_header_text() : "") + "|" + job.source);
       const fs::path entry = fs::path(opt.cache_dir) / r.key;
       r.library = (entry / "kernel.so").string();
       r.log = (entry / "build.log").string();
@@ -184,6 +187,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         fs::create_directories(tmp);
         write_text_file(tmp / "kernel.cu", job.source);
         write_text_file(tmp / "fact_gemm_abi.h", abi_header_text());
+        write_text_file(tmp / "fact_norm_abi.h", norm_abi_header_text());
         std::vector<std::string> argv = {opt.nvcc};
         argv.insert(argv.end(), flags.begin(), flags.end());
         for (const auto& inc : {fs::path(opt.cutlass_dir) / "include", fs::path(opt.cutlass_dir) / "tools" / "util" / "include", tmp}) {

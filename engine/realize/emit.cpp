@@ -244,8 +244,12 @@ std::string GemmSpec::id() const {
   json j = {{"family", family}, {"a", dtype_a}, {"b", dtype_b}, {"out", dtype_out}, {"la", layout_a},
             {"lb", layout_b}, {"ssa", ssa}};
   for (const auto& o : operands) j["ops"].push_back({o.kind, o.dtype});
+  return short_hash(j.dump());
+}
+
+std::string short_hash(const std::string& text) {
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(j.dump())));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
   return std::string(buf).substr(0, 10);
 }
 

@@ -51,6 +51,9 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& config);
 // ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
 std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
 
+// 10 hex digits of a stable (FNV-1a) hash: the spec part of kernel names.
+std::string short_hash(const std::string& text);
+
 // The ABI header every generated kernel includes (written beside the sources).
 const char* abi_header_text();
 

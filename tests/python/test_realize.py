@@ -84,24 +84,52 @@ def test_realize_compiles_one_kernel_and_reuses_it(engine_available, tmp_path):
     assert time.perf_counter() - start < 60
 
 
-def test_realize_reports_unsupported_patterns(engine_available, tmp_path):
-    problem = tmp_path / "norm.py"
+def _norm_problem(tmp_path, cols: int):
+    problem = tmp_path / f"norm{cols}.py"
     problem.write_text(
-        PROBLEM.replace("nn.Linear(256, 512)", "nn.LayerNorm(256)")
+        PROBLEM.replace("nn.Linear(256, 512)", f"nn.LayerNorm({cols})")
         .replace("torch.sigmoid(self.fc(x)) + r", "self.fc(x)")
-        .replace("torch.randn(64, 256), torch.randn(64, 512)", "torch.randn(64, 256)")
+        .replace("torch.randn(64, 256), torch.randn(64, 512)", f"torch.randn(64, {cols})")
         .replace("forward(self, x, r)", "forward(self, x)")
     )
-    res = realize(problem, tmp_path / "run", tmp_path / "cache")
+    return problem
+
+
+def test_realize_compiles_row_norm_kernels(engine_available, tmp_path):
+    """A LayerNorm becomes generated row-norm kernels (one per block width) exporting the norm
+    ABI; nothing of CUTLASS is involved, so they build in seconds."""
+    from fact.tune.abi import KernelLibrary
+
+    res = realize(_norm_problem(tmp_path, 256), tmp_path / "run", tmp_path / "cache")
     assert res.returncode == 0, res.stderr
     manifest = json.loads(res.stdout)
-    assert manifest[0]["status"] == "not_supported" and "norm" in manifest[0]["detail"]
+    assert {e["family"] for e in manifest} == {"norm"}
+    assert [e["status"] for e in manifest] == ["compiled"] * len(manifest)
+    # bf16 rows of 256: 32 vectors of 8 -> blocks of 32 threads only (one config)
+    assert [e["config"] for e in manifest] == [{"items": 1, "name": "t32", "threads": 32}]
+    lib = KernelLibrary(tmp_path / "run" / manifest[0]["library"])
+    assert lib.family == "norm"
+    info = lib.info
+    assert (info["kind"], info["cols"], info["dtype_in"], info["has_bias"]) == (
+        "layer_norm", 256, "bf16", True)  # fmt: skip
+    source = (tmp_path / "run" / "src" / f"{manifest[0]['kernel']}.cu").read_text()
+    assert "constexpr bool kRms = false;" in source and "constexpr int kCols = 256;" in source
+
+
+def test_realize_reports_unsupported_patterns(engine_available, tmp_path):
+    """A row whose length is no multiple of the 16-byte vector is refused, with the reason."""
+    res = realize(_norm_problem(tmp_path, 250), tmp_path / "run", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    manifest = json.loads(res.stdout)
+    assert manifest[0]["status"] == "not_supported"
+    assert "not a multiple of 8 (16-byte vectors)" in manifest[0]["detail"]
 
 
 def test_warm_tune_skips_what_the_registry_measured(engine_available, tmp_path):
     """`fact tune` asks the registry first: kernels with a passed row for the same signature,
     arch, problem and config are not measured again, so a warm re-run needs no GPU work."""
-    from fact.cli import _unmeasured, main
+    from fact.cli import main
+    from fact.tune.runs import unmeasured as _unmeasured
 
     run = tmp_path / "run"
     (run / "lib").mkdir(parents=True)

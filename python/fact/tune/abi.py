@@ -1,4 +1,5 @@
-"""ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h).
+"""ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h and,
+for row-norm kernels, fact_norm_abi.h).
 
 The header is authoritative: `FactGemmArgs` below lists its fields in the same order with the same
 C types, and tests/python/test_tune_cpu.py compiles the header with gcc to check every offset.
@@ -104,18 +105,42 @@ class KernelStatusError(FactError):
         super().__init__(f"{where}{status_name(status)}: {message or '(no message)'}")
 
 
-# name -> (restype, argtypes) for every function the ABI exports.
-_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+class FactNormArgs(ctypes.Structure):
+    """typedef struct FactNormArgs (abi/fact_norm_abi.h): out[r] = norm(x[r]) (* w) (+ b)."""
+
+    _fields_ = [
+        ("rows", _I64),
+        ("cols", _I64),
+        ("x", _PTR),
+        ("ldx", _I64),
+        ("weight", _PTR),
+        ("bias", _PTR),
+        ("out", _PTR),
+        ("ldout", _I64),
+        ("eps", ctypes.c_double),
+    ]
+
+
+# name -> (restype, argtypes): what every kernel library exports, then per kernel family.
+_COMMON: dict[str, tuple[Any, list[Any]]] = {
     "fact_abi_version": (ctypes.c_int, []),
     "fact_kernel_name": (ctypes.c_char_p, []),
     "fact_kernel_info": (ctypes.c_char_p, []),
-    "fact_gemm_can_implement": (ctypes.c_int, [ctypes.POINTER(FactGemmArgs)]),
-    "fact_gemm_workspace_size": (ctypes.c_size_t, [ctypes.POINTER(FactGemmArgs)]),
-    "fact_gemm_run": (
-        ctypes.c_int,
-        [ctypes.POINTER(FactGemmArgs), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
-    ),
     "fact_last_error": (ctypes.c_char_p, []),
+}
+_FAMILIES: dict[str, dict[str, tuple[Any, list[Any]]]] = {
+    "gemm": {
+        "fact_gemm_can_implement": (ctypes.c_int, [ctypes.POINTER(FactGemmArgs)]),
+        "fact_gemm_workspace_size": (ctypes.c_size_t, [ctypes.POINTER(FactGemmArgs)]),
+        "fact_gemm_run": (
+            ctypes.c_int,
+            [ctypes.POINTER(FactGemmArgs), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
+        ),
+    },
+    "norm": {
+        "fact_norm_can_implement": (ctypes.c_int, [ctypes.POINTER(FactNormArgs)]),
+        "fact_norm_run": (ctypes.c_int, [ctypes.POINTER(FactNormArgs), ctypes.c_void_p]),
+    },
 }
 
 
@@ -140,7 +165,10 @@ class KernelLibrary:
             self._dll = ctypes.CDLL(str(self.path.resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as exc:
             raise AbiError(f"{self.path}: cannot load the kernel library: {exc}") from exc
-        for name, (restype, argtypes) in _SIGNATURES.items():
+        self.family = next(
+            (f for f, sigs in _FAMILIES.items() if hasattr(self._dll, next(iter(sigs)))), "gemm"
+        )
+        for name, (restype, argtypes) in {**_COMMON, **_FAMILIES[self.family]}.items():
             try:
                 fn = getattr(self._dll, name)
             except AttributeError:
@@ -198,6 +226,14 @@ class KernelLibrary:
                 ctypes.byref(args), workspace_ptr or None, workspace_bytes, stream_ptr or None
             )
         )
+
+    def norm_can_implement(self, args: FactNormArgs) -> int:
+        """fact_norm_can_implement() of a row-norm kernel: a Status code."""
+        return int(self._dll.fact_norm_can_implement(ctypes.byref(args)))
+
+    def norm_run(self, args: FactNormArgs, stream_ptr: int | None = None) -> int:
+        """fact_norm_run(): enqueue the norm on the stream; returns a Status code."""
+        return int(self._dll.fact_norm_run(ctypes.byref(args), stream_ptr or None))
 
     def last_error(self) -> str:
         """fact_last_error(): the message of the last failed call on this thread."""

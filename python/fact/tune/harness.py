@@ -1325,6 +1325,13 @@ def _cli(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     for index in sorted(by_pattern):
         pattern = patterns[index]
+        if pattern.get("family") not in ("gemm", "horizontal_gemm"):  # reference.GEMM_FAMILIES
+            print(
+                f"pattern {index}: {pattern.get('family')} kernels are verified and timed in the "
+                "composed module (fact.optimize, fact bench), not here",
+                file=sys.stderr,
+            )
+            continue
         unbuilt = [e for e in by_pattern[index] if not e.get("library")]
         by_pattern[index] = [e for e in by_pattern[index] if e.get("library")]
         static_rows = [_unbuilt_row(pattern, arch, problem, e) for e in unbuilt if e.get("config")]

@@ -1,0 +1,34 @@
+/* FACT kernel C ABI, version 1, for generated row-norm kernels (LayerNorm, RMSNorm).
+ *
+ * out[r, :] = norm(x[r, :]) (* weight) (+ bias) for r < rows, each row `cols` contiguous
+ * elements; rows start `ldx` / `ldout` elements apart. Status codes and fact_abi_version,
+ * fact_kernel_name, fact_kernel_info and fact_last_error are those of fact_gemm_abi.h.
+ */
+#ifndef FACT_NORM_ABI_H
+#define FACT_NORM_ABI_H
+
+#include "fact_gemm_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct FactNormArgs {
+  int64_t rows, cols;
+  const void* x;      /* x[r, c] at x + r*ldx + c */
+  int64_t ldx;
+  const void* weight; /* [cols], or null when the norm has none */
+  const void* bias;   /* [cols], or null */
+  void* out;          /* out[r, c] at out + r*ldout + c */
+  int64_t ldout;
+  double eps;
+} FactNormArgs;
+
+int fact_norm_can_implement(const FactNormArgs* args);
+int fact_norm_run(const FactNormArgs* args, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FACT_NORM_ABI_H */

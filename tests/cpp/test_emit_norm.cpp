@@ -1,0 +1,97 @@
+// Emission of row-norm kernels (LayerNorm, RMSNorm): golden files, the block widths offered, and
+// the rows FACT refuses with a reason.
+//
+// Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R EmitNorm.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "realize/norm.h"
+
+namespace fact::realize {
+namespace {
+
+using nlohmann::json;
+
+// A plan norm pattern (docs/plan-format.md) with the fields emission reads.
+json norm_pattern(const std::string& rule, const std::string& kind, const std::string& dtype, int64_t cols,
+                  bool weight, bool bias, const std::string& dtype_out = "") {
+  json ops = {{{"role", "x"}, {"node", "x"}, {"type", dtype + "[64, " + std::to_string(cols) + "]"}}};
+  if (weight) ops.push_back({{"role", "weight"}, {"node", "w"}, {"type", dtype + "[" + std::to_string(cols) + "]"}});
+  if (bias) ops.push_back({{"role", "bias"}, {"node", "b"}, {"type", dtype + "[" + std::to_string(cols) + "]"}});
+  return {{"family", "norm"},
+          {"rule", rule},
+          {"attrs", {{"kind", kind}, {"eps", 1e-5}, {"dtype_in", dtype}, {"dtype_out", dtype_out.empty() ? dtype : dtype_out}}},
+          {"problem", {{"rows", 64}, {"cols", cols}}},
+          {"operands", ops}};
+}
+
+void expect_golden(const EmittedKernel& k, const std::string& file) {
+  const auto path = std::filesystem::path(FACT_TEST_DATA) / ".." / "golden" / file;
+  if (std::getenv("FACT_UPDATE_GOLDEN")) {
+    std::ofstream(path) << k.source;
+    GTEST_SKIP() << "updated " << path;
+  }
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run with FACT_UPDATE_GOLDEN=1";
+  std::ifstream in(path);
+  std::ostringstream os;
+  os << in.rdbuf();
+  EXPECT_EQ(k.source, os.str()) << "emitted source differs from " << path;
+}
+
+TEST(EmitNorm, LayerNormBf16WithWeightAndBias) {
+  const auto spec = NormSpec::from_pattern(norm_pattern("norm", "layer_norm", "bf16", 768, true, true));
+  EXPECT_EQ(spec.vector_width(), 8);
+  EXPECT_FALSE(spec.round_before_weight);
+  const auto configs = norm_configs(spec);
+  // 96 vectors a row: 96 threads x 1, 64 x 2 (48 rounded up to whole warps), 32 x 3
+  ASSERT_EQ(configs.size(), 3u);
+  EXPECT_EQ(configs[0].threads, 96);
+  EXPECT_EQ(configs[1].threads, 64);
+  EXPECT_EQ(configs[1].items, 2);
+  EXPECT_EQ(configs[2].threads, 32);
+  EXPECT_EQ(configs[2].items, 3);
+  const auto k = emit_norm(spec, configs[0]);
+  EXPECT_EQ(k.name.rfind("fact_layer_norm_bf16_bf16_", 0), 0u) << k.name;
+  expect_golden(k, "norm_layer_norm_bf16_768_t96.cu");
+}
+
+TEST(EmitNorm, HandWrittenRmsNormRoundsBeforeTheWeight) {
+  const auto spec = NormSpec::from_pattern(norm_pattern("rms_norm_handwritten", "rms_norm", "bf16", 4096, true, false));
+  EXPECT_TRUE(spec.round_before_weight);  // Llama: norm(x.float()).type_as(x) * weight
+  const auto k = emit_norm(spec, norm_configs(spec)[1]);
+  EXPECT_NE(k.source.find("constexpr bool kRoundBeforeWeight = true;"), std::string::npos);
+  expect_golden(k, "norm_rms_norm_bf16_4096_t256.cu");
+  // The same norm as one op (F.rms_norm) rounds once, at the output.
+  const auto fused = NormSpec::from_pattern(norm_pattern("norm", "rms_norm", "bf16", 4096, true, false));
+  EXPECT_FALSE(fused.round_before_weight);
+  EXPECT_NE(fused.id(), spec.id());
+}
+
+TEST(EmitNorm, Fp32RowsUseFourWideVectors) {
+  const auto spec = NormSpec::from_pattern(norm_pattern("norm", "layer_norm", "f32", 768, false, false));
+  EXPECT_EQ(spec.vector_width(), 4);
+  EXPECT_EQ(norm_configs(spec)[0].threads, 192);
+  const auto k = emit_norm(spec, norm_configs(spec)[0]);
+  EXPECT_NE(k.source.find("constexpr bool kHasWeight = false;"), std::string::npos);
+}
+
+TEST(EmitNorm, RefusedRowsSayWhy) {
+  auto why = [](const json& p) {
+    try {
+      NormSpec::from_pattern(p);
+    } catch (const NotSupported& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(why(norm_pattern("norm", "layer_norm", "bf16", 250, true, true)).find("not a multiple of 8"), std::string::npos);
+  EXPECT_NE(why(norm_pattern("norm", "group_norm", "bf16", 256, true, true)).find("group_norm"), std::string::npos);
+  EXPECT_NE(why(norm_pattern("norm", "layer_norm", "f64", 256, true, true)).find("f64"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fact::realize
