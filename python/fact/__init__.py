@@ -23,6 +23,7 @@ __all__ = [
     "discover",
     "load_graph",
     "load_problem",
+    "optimize",
     "save_graph",
     "trace",
 ]
@@ -32,9 +33,11 @@ _LAZY = {
     "save_graph": "fact.tracer",
     "load_graph": "fact.tracer",
     "load_problem": "fact.problem",
+    "optimize": "fact.compose.optimize",
 }
 
 if TYPE_CHECKING:
+    from fact.compose.optimize import optimize
     from fact.problem import load_problem
     from fact.tracer import load_graph, save_graph, trace
 

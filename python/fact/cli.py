@@ -69,6 +69,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     discover.set_defaults(run=_discover)
 
+    bench = commands.add_parser(
+        "bench",
+        help="eager vs torch.compile vs FACT on a problem file (GPU)",
+        description="Optimize PROBLEM.py with FACT, then time eager, torch.compile and FACT in "
+        "one process and compare their outputs with the model in float64. Writes report.md, "
+        "report.json and report.png into the run directory (--out).",
+    )
+    bench.add_argument("target", metavar="PROBLEM.py", help="a problem file")
+    _add_dtype(bench)
+    bench.add_argument("--out", type=Path, help="run directory (default runs/bench-<name>-<dtype>)")
+    bench.add_argument("--candidates", type=int, default=4, help="kernels per GEMM pattern")
+    bench.add_argument("--reps", type=int, default=30, help="timed repetitions per module")
+    bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    bench.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graph replay")
+    bench.add_argument("--profile", action="store_true", help="add a per-kernel time profile")
+    bench.add_argument("-q", "--quiet", action="store_true", help="only the final table")
+    bench.set_defaults(run=_bench)
+
     explain = commands.add_parser(
         "explain",
         help="explain what the engine decided for one node",
@@ -186,6 +204,32 @@ def _explain(args: argparse.Namespace) -> int:
     return _engine_command("explain", args, extra, save_to=None)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from fact.problem import check_problem_path
+
+    check_problem_path(args.target)
+    precision = args.precision or "highest"
+    out = args.out or Path("runs") / f"bench-{Path(args.target).stem}-{args.dtype or 'fp32'}"
+    from fact.compose.bench import run_bench, summary_table
+
+    bench = run_bench(
+        args.target,
+        dtype=args.dtype,
+        precision=precision,
+        out=out,
+        candidates=args.candidates,
+        compile_baseline=not args.no_compile,
+        cuda_graphs=not args.no_cuda_graphs,
+        reps=args.reps,
+        quiet=args.quiet,
+        command="fact " + " ".join(sys.argv[1:]),
+        profile=args.profile,
+    )
+    print(summary_table(bench))
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
 def _realize(args: argparse.Namespace) -> int:
     extra = ["--out", str(args.out), "--cutlass-dir", find_cutlass(args.cutlass_dir)]
     extra += _option("--candidates", None if args.candidates is None else str(args.candidates))
@@ -200,13 +244,15 @@ def _registry(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
+    from fact.tune.runs import unmeasured
+
     run = args.run_dir
     if not (run / "manifest.json").is_file() or not (run / "plan.json").is_file():
         raise FactError(f"{run} is not a `fact realize` run directory (no manifest.json/plan.json)")
     registry = _option("--registry", args.registry)
     kernels = run
     if not args.retune:
-        pending = _unmeasured(run, registry)
+        pending = unmeasured(run, registry)
         if pending is not None:
             if not pending:
                 print(
@@ -228,42 +274,6 @@ def _tune(args: argparse.Namespace) -> int:
     done = run_engine(["registry", "import", str(run / "registry_export.json"), *registry])
     sys.stdout.write(done.stdout)
     return 0
-
-
-def _unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
-    """The run's manifest entries that the registry has no passed row for (same signature,
-    arch, problem and config), or None when there is no registry to ask yet."""
-    from fact.errors import EngineError
-
-    try:
-        doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
-    except EngineError:
-        return None  # no registry file yet: everything is new
-    known = {
-        (
-            r["signature"],
-            r["arch"],
-            json.dumps(r["problem"], sort_keys=True),
-            r["config"].get("name"),
-        )
-        for r in doc.get("rows", [])
-        if r.get("disposition") == "passed"
-    }
-    plan = json.loads((run / "plan.json").read_text())
-    pending = []
-    for entry in json.loads((run / "manifest.json").read_text()):
-        if not entry.get("library"):
-            continue
-        pattern = plan["patterns"][entry["pattern_index"]]
-        key = (
-            pattern["signature"],
-            plan.get("arch", "sm90"),
-            json.dumps(pattern["problem"], sort_keys=True),
-            entry["config"].get("name"),
-        )
-        if key not in known:
-            pending.append(entry)
-    return pending
 
 
 def find_cutlass(hint: str | None) -> str:

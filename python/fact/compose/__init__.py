@@ -1,0 +1,1 @@
+"""Stage 3: compose realized kernels into a drop-in module (`fact.optimize`)."""

@@ -1,0 +1,361 @@
+"""Implementations a composed module can run for a pattern, each able to emit its FX node(s).
+
+  GemmImpl          a generated CUTLASS kernel (or its PyTorch reference twin, for CPU tests)
+                    through fact::gemm; operands are viewed into the kernel's layouts here
+  SdpaAttention     PyTorch's fused scaled_dot_product_attention, a library kernel, for
+                    hand-written attention (Q, K, V read in place from the graph's views)
+  RmsNormLibrary    PyTorch's rms_norm for a hand-written RMSNorm
+  CublasLtGemm      a linear layer with bias+GELU/ReLU or a residual fused by cuBLASLt
+
+The original PyTorch subgraph is always the fallback: the composer keeps it unless an
+implementation verifies and is faster in the module's own context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fact.compose.ops import GemmKernel, NormKernel, kernel_entry, register_kernel
+from fact.compose.program import Region
+from fact.errors import FactError
+from fact.tune.reference import GemmSpec, NotSupportedError, gemm_spec, torch_dtype
+
+aten = torch.ops.aten
+
+_LINEAR = {aten.linear.default}
+_MATMUL = {aten.matmul.default, aten.mm.default, aten.bmm.default}
+_ADDMM = {aten.addmm.default, aten.baddbmm.default}
+
+
+@dataclass
+class Impl:
+    """What the composer may put in a pattern's place."""
+
+    name: str  # shown in reports: "cutlass:<kernel>", "sdpa", ...
+    kind: str  # generated | library
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM family
+
+
+def _as_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """t as a [.., rows, cols] view in `layout` (row- or column-major), copying only if needed."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    if layout == "row":
+        if (t.stride(-1) == 1 or cols == 1) and t.stride(-2) >= cols:
+            return t
+        return t.contiguous()
+    if (t.stride(-2) == 1 or rows == 1) and t.stride(-1) >= rows:
+        return t
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def _operand(t: torch.Tensor, kind: str, dtype: torch.dtype, batch: int, m: int, n: int):
+    t = t.to(dtype) if t.dtype != dtype else t
+    if kind == "scalar":
+        return t.reshape(1)
+    if kind in ("row", "col"):
+        length = n if kind == "row" else m
+        shape = (batch, length) if batch > 1 and t.numel() == batch * length else (length,)
+        return t.reshape(shape).contiguous()
+    if kind == "full":
+        shape = (batch, m, n) if batch > 1 and t.numel() == batch * m * n else (m, n)
+        return _as_layout(t.reshape(shape), "row")
+    raise NotSupportedError(f"epilogue operand kind {kind!r}")
+
+
+def run_gemm_pattern(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    operands: list[torch.Tensor],
+    *,
+    kernel: int,
+    form: str,
+    out_shape: list[int],
+) -> torch.Tensor:
+    """One GEMM pattern: view the graph's tensors as the kernel reads them, call fact::gemm,
+    view the result as the pattern's output node. form: linear | matmul | addmm."""
+    spec = kernel_entry(kernel).spec
+    p = spec.problem
+    batch, m, n, k = (int(p.get(key, 1)) for key in ("batch", "m", "n", "k"))
+    lead = (batch,) if batch > 1 else ()
+    A = a.reshape(*lead, m, k)
+    B = b.t() if form == "linear" else b.reshape(*lead, k, n)
+    A, B = _as_layout(A, spec.layout_a), _as_layout(B, spec.layout_b)
+    ops = [
+        _operand(t, o.kind, torch_dtype(o.dtype), batch, m, n)
+        for t, o in zip(operands, spec.operands, strict=True)
+    ]
+    return torch.ops.fact.gemm(A, B, ops, kernel).reshape(out_shape)
+
+
+def gemm_form(reg: Region, pattern: Mapping[str, Any]) -> str:
+    """How the anchor GEMM node reads its operands."""
+    anchors = [n for n in reg.nodes if n.name in (pattern.get("anchors") or [])]
+    if len(anchors) != 1:
+        raise NotSupportedError(f"a GEMM pattern with {len(anchors)} anchors")
+    target = anchors[0].target
+    if target in _LINEAR:
+        return "linear"
+    if target in _MATMUL or target in _ADDMM:
+        return "matmul"
+    raise NotSupportedError(f"GEMM anchor {anchors[0].name} is {target}, not linear/mm/matmul")
+
+
+class GemmImpl(Impl):
+    """A generated kernel (backend cutlass) or its PyTorch twin (backend reference)."""
+
+    def __init__(
+        self, pattern: Mapping[str, Any], backend: str, library=None, knobs=None, label=""
+    ):
+        spec: GemmSpec = gemm_spec(dict(pattern))
+        if spec.family != "gemm":
+            raise NotSupportedError(f"{spec.family} patterns are not composed yet")
+        entry = GemmKernel(spec, backend, library, dict(knobs or {}), label)
+        self.handle = register_kernel(entry)
+        name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'gemm'}"
+        super().__init__(name, "generated", {"backend": backend, "knobs": dict(knobs or {})})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        ops = pattern.get("operands") or []
+        roles = [o.get("role") for o in ops]
+        if roles.count("a") != 1 or roles.count("b") != 1:
+            raise FactError(f"pattern {pattern.get('signature')}: operand roles {roles}")
+        a = reg.input(next(o["node"] for o in ops if o["role"] == "a"))
+        b = reg.input(next(o["node"] for o in ops if o["role"] == "b"))
+        extra = [reg.input(o["node"]) for o in ops if o["role"] not in ("a", "b")]
+        out_shape = list(reg.output.meta["val"].shape)
+        return graph.call_function(
+            run_gemm_pattern,
+            (a, b, extra),
+            {"kernel": self.handle, "form": gemm_form(reg, pattern), "out_shape": out_shape},
+        )
+
+
+def run_cublaslt_pattern(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    full: torch.Tensor | None,
+    *,
+    act: str,
+    k: int,
+    out_shape: list[int],
+) -> torch.Tensor:
+    """act(a @ w.T + bias) [+ full] with cuBLASLt's fused epilogues: bias+GELU(tanh) and
+    bias+ReLU through torch._addmm_activation, a residual through addmm's C operand."""
+    a2 = a.reshape(-1, k)
+    if act in ("gelu_tanh", "relu"):
+        out = torch._addmm_activation(bias, a2, w.t(), use_gelu=act == "gelu_tanh")
+    else:
+        out = torch.addmm(full.reshape(a2.shape[0], -1), a2, w.t())
+        if bias is not None:
+            out.add_(bias)
+    return out.reshape(out_shape)
+
+
+#: plan epilogue steps -> (activation, reads a full operand)
+_CUBLASLT_FORMS = {
+    ("bias", "gelu_tanh"): ("gelu_tanh", False),
+    ("bias", "relu"): ("relu", False),
+    ("bias", "residual"): ("", True),
+    ("residual",): ("", True),
+}
+
+
+class CublasLtGemm(Impl):
+    """A GEMM pattern as one cuBLASLt call with a fused epilogue (PyTorch's own kernels): the
+    library candidate next to the generated ones, and the only fused GEMM when no generated
+    kernel may run (fp32 models under precision "highest")."""
+
+    def __init__(self, pattern: Mapping[str, Any]):
+        steps = tuple(pattern.get("epilogue") or [])
+        if pattern.get("family") != "gemm" or steps not in _CUBLASLT_FORMS:
+            raise NotSupportedError(f"no cuBLASLt epilogue for {steps}")
+        problem = pattern.get("problem") or {}
+        if int(problem.get("batch", 1)) != 1:
+            raise NotSupportedError("batched GEMM")
+        self.act, self.full = _CUBLASLT_FORMS[steps]
+        super().__init__("cublaslt", "library", {"epilogue": list(steps)})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        if gemm_form(reg, pattern) != "linear":
+            raise NotSupportedError("cuBLASLt epilogues are used for linear layers only")
+        ops = pattern.get("operands") or []
+        a = reg.input(next(o["node"] for o in ops if o["role"] == "a"))
+        w = reg.input(next(o["node"] for o in ops if o["role"] == "b"))
+        rows = [o for o in ops if o.get("broadcast") == "row"]
+        fulls = [o for o in ops if o.get("broadcast") == "full"]
+        bias = reg.input(rows[0]["node"]) if rows else None
+        full = reg.input(fulls[0]["node"]) if fulls else None
+        if (full is None) == self.full or (self.act and bias is None):
+            raise NotSupportedError("operands do not fit the cuBLASLt form")
+        k = int((pattern.get("problem") or {})["k"])
+        out_shape = list(reg.output.meta["val"].shape)
+        return graph.call_function(
+            run_cublaslt_pattern,
+            (a, w, bias, full),
+            {"act": self.act, "k": k, "out_shape": out_shape},
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+
+_ATTENTION_STEPS = {"scale", "causal_mask", "softmax", "dropout"}
+
+
+def _is_eval_dropout(n: fx.Node) -> bool:
+    if n.target is not aten.dropout.default:
+        return False
+    p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.0)
+    train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
+    return p == 0 or train is False
+
+
+class SdpaAttention(Impl):
+    """Hand-written attention (matmul, scale, causal mask, softmax, matmul) as one call of
+    torch's scaled_dot_product_attention on the graph's own Q, K, V views."""
+
+    def __init__(self, pattern: Mapping[str, Any]):
+        steps = set(pattern.get("epilogue") or [])
+        if pattern.get("rule") == "attention_sdpa":
+            raise NotSupportedError("the pattern already is scaled_dot_product_attention")
+        if not steps <= _ATTENTION_STEPS:
+            raise NotSupportedError(f"attention steps {sorted(steps - _ATTENTION_STEPS)}")
+        attrs = pattern.get("attrs") or {}
+        self.causal = bool(attrs.get("causal"))
+        self.scale = float(attrs.get("scale", 0.0)) or None
+        super().__init__("sdpa", "library", {"causal": self.causal, "scale": self.scale})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        mms = [n for n in reg.nodes if n.target in _MATMUL]
+        if len(mms) != 2:
+            raise NotSupportedError(f"attention with {len(mms)} matmuls")
+        scores, out = mms
+        for n in reg.nodes:
+            if n.target is aten.dropout.default and not _is_eval_dropout(n):
+                raise NotSupportedError(f"{n.name} is an active dropout (training mode)")
+        q, k_t = scores.args[0], scores.args[1]
+        v = out.args[1]
+        k = graph.call_function(aten.transpose.int, (k_t, -2, -1))
+        attn = graph.call_function(
+            aten.scaled_dot_product_attention.default,
+            (q, k, v),
+            {"is_causal": self.causal, "scale": self.scale},
+        )
+        # what the pattern does after the second matmul (transpose back, merge heads) stays
+        env = {out: attn}
+        last = attn
+        after = reg.nodes[reg.nodes.index(out) + 1 :]
+        for n in after:
+            if all(a in env or a not in reg.nodes for a in n.all_input_nodes) and any(
+                a in env for a in n.all_input_nodes
+            ):
+                last = env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+        if reg.output not in env:
+            raise NotSupportedError("the attention output is not computed from its last matmul")
+        return last
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+
+
+class RmsNormLibrary(Impl):
+    """A hand-written RMSNorm (x * rsqrt(mean(x^2) + eps) * weight) as torch's rms_norm."""
+
+    def __init__(self, pattern: Mapping[str, Any]):
+        attrs = pattern.get("attrs") or {}
+        if attrs.get("kind") != "rms_norm":
+            raise NotSupportedError(f"norm kind {attrs.get('kind')!r} has no library twin here")
+        self.eps = float(attrs.get("eps", 1e-6))
+        super().__init__("rms_norm", "library", {"eps": self.eps})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        roles = {o.get("role"): o.get("node") for o in pattern.get("operands") or []}
+        if "x" not in roles:
+            raise NotSupportedError("the RMSNorm's input is not an operand")
+        x = reg.input(roles["x"])
+        weight = reg.input(roles["weight"]) if "weight" in roles else None
+        val = reg.output.meta["val"]
+        cols = int((pattern.get("problem") or {}).get("cols", val.shape[-1]))
+        dtype = val.dtype
+        xf = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32})
+        normed = graph.call_function(aten.rms_norm.default, (xf, [cols], None, self.eps))
+        cast = graph.call_function(aten._to_copy.default, (normed,), {"dtype": x.meta["val"].dtype})
+        if weight is None:
+            return graph.call_function(aten._to_copy.default, (cast,), {"dtype": dtype})
+        return graph.call_function(aten.mul.Tensor, (cast, weight))
+
+
+def run_norm_pattern(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, *, kernel: int
+) -> torch.Tensor:
+    return torch.ops.fact.norm(x, weight, bias, kernel)
+
+
+class NormImpl(Impl):
+    """A generated row-norm kernel (backend cutlass: a library built by realize) or its
+    PyTorch twin (backend reference), through fact::norm."""
+
+    def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
+        attrs = pattern.get("attrs") or {}
+        kind = attrs.get("kind")
+        if pattern.get("family") != "norm" or kind not in ("layer_norm", "rms_norm"):
+            raise NotSupportedError(f"norm kind {kind!r}")
+        info = library.info if library is not None else {}
+        rbw = info.get("round_before_weight")
+        if rbw is None:
+            rbw = pattern.get("rule") == "rms_norm_handwritten" and attrs.get("dtype_in") != "f32"
+        entry = NormKernel(
+            kind,
+            int((pattern.get("problem") or {})["cols"]),
+            float(attrs.get("eps", 1e-5)),
+            torch_dtype(attrs["dtype_out"]),
+            backend,
+            library,
+            bool(rbw),
+            label,
+        )
+        self.handle = register_kernel(entry)
+        name = f"generated:{label}" if backend == "cutlass" else f"reference:{label or kind}"
+        super().__init__(name, "generated", {"backend": backend})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        roles = {o.get("role"): o.get("node") for o in pattern.get("operands") or []}
+        x = reg.input(roles["x"])
+        weight = reg.input(roles["weight"]) if "weight" in roles else None
+        bias = reg.input(roles["bias"]) if "bias" in roles else None
+        return graph.call_function(run_norm_pattern, (x, weight, bias), {"kernel": self.handle})
+
+
+def library_impls(pattern: Mapping[str, Any], device: torch.device | None = None) -> list[Impl]:
+    """The library implementations that apply to a pattern (possibly none). cuBLASLt
+    epilogues are offered on CUDA devices only."""
+    family = pattern.get("family")
+    makers: list[Any] = {"attention": [SdpaAttention], "norm": [RmsNormLibrary]}.get(family, [])
+    if family == "gemm" and device is not None and device.type == "cuda":
+        makers = [CublasLtGemm]
+    impls = []
+    for make in makers:
+        try:
+            impls.append(make(pattern))
+        except NotSupportedError:
+            continue
+    return impls
+
+
+def finite(x: float) -> bool:
+    return x is not None and math.isfinite(x)

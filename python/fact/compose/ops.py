@@ -1,0 +1,180 @@
+"""`fact::gemm` and `fact::norm`, the torch custom ops through which a composed module calls
+generated kernels.
+
+The op is registered with torch.library, so the composed module traces under torch.compile and
+records into CUDA graphs: it allocates its output (and any workspace) from PyTorch's caching
+allocator and launches on PyTorch's current stream through the kernel's C ABI
+(engine/realize/abi/fact_gemm_abi.h).
+
+A kernel is named in the graph by an integer handle into this process's kernel table; the entry
+holds the loaded library, the pattern's GEMM spec (layouts, epilogue operands) and the launch
+knobs tuning picked. Entries with backend "reference" compute the same function with PyTorch ops
+(matmul, then the epilogue expression): the composer's tests use them where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fact.errors import FactError
+from fact.tune.abi import FactNormArgs, KernelLibrary, Status
+from fact.tune.inputs import GemmInputs, gemm_args
+from fact.tune.reference import GemmSpec, pytorch_candidate, torch_dtype
+
+BACKENDS = ("cutlass", "reference")
+
+
+@dataclass
+class GemmKernel:
+    """One entry of the kernel table."""
+
+    spec: GemmSpec
+    backend: str  # cutlass | reference
+    library: KernelLibrary | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return torch_dtype(self.spec.dtype_out)
+
+
+@dataclass
+class NormKernel:
+    """A row-norm kernel (abi/fact_norm_abi.h), or its PyTorch twin (backend reference)."""
+
+    kind: str  # layer_norm | rms_norm
+    cols: int
+    eps: float
+    out_dtype: torch.dtype
+    backend: str  # cutlass (a generated library) | reference
+    library: KernelLibrary | None = None
+    round_before_weight: bool = False
+    label: str = ""
+
+
+_TABLE: list[GemmKernel | NormKernel] = []
+_LOCK = threading.Lock()
+_SM_COUNT: dict[int, int] = {}
+
+
+def register_kernel(entry: GemmKernel | NormKernel) -> int:
+    """Add a kernel to the table; returns its handle (the `kernel` argument of fact::gemm)."""
+    if entry.backend not in BACKENDS:
+        raise FactError(f"kernel backend {entry.backend!r} is not one of {BACKENDS}")
+    if entry.backend == "cutlass" and entry.library is None:
+        raise FactError("a cutlass kernel entry needs its loaded library")
+    with _LOCK:
+        _TABLE.append(entry)
+        return len(_TABLE) - 1
+
+
+def kernel_entry(handle: int) -> Any:
+    if not 0 <= handle < len(_TABLE):
+        raise FactError(f"fact::gemm: no kernel with handle {handle} in this process")
+    return _TABLE[handle]
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _problem(a: torch.Tensor, b: torch.Tensor) -> dict[str, int]:
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return {"batch": batch, "m": a.shape[-2], "n": b.shape[-1], "k": a.shape[-1]}
+
+
+def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
+    lib = entry.library
+    assert lib is not None
+    inputs = GemmInputs(entry.spec, _problem(a, b), a, b, list(operands), out, 0, a.device)
+    args = gemm_args(inputs, entry.knobs, _sm_count(a.device))
+    status = lib.can_implement(args)
+    if status != Status.OK:
+        raise FactError(
+            f"fact::gemm {entry.label or lib.name}: the kernel cannot run "
+            f"{tuple(a.shape)} @ {tuple(b.shape)}: {lib.last_error()}"
+        )
+    size = lib.workspace_size(args)
+    workspace = torch.empty(size, dtype=torch.uint8, device=a.device) if size else None
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    lib.check(lib.run(args, workspace.data_ptr() if size else None, size, stream))
+
+
+@torch.library.custom_op("fact::gemm", mutates_args=())
+def gemm(
+    a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor], kernel: int
+) -> torch.Tensor:
+    """D = epilogue(A @ B, operands) by kernel `kernel` of the table.
+
+    a [m, k] or [batch, m, k] and b [k, n] or [batch, k, n] in the kernel's layouts (row- or
+    column-major views); operands in the kernel's layout: row [n] / [batch, n], col [m] /
+    [batch, m], scalar [1], full [m, n] / [batch, m, n] row-major. Returns a new tensor.
+    """
+    entry = kernel_entry(kernel)
+    if entry.backend == "reference":
+        return pytorch_candidate(entry.spec, a, b, list(operands))
+    lead = (a.shape[0],) if a.dim() == 3 else ()
+    out = torch.empty((*lead, a.shape[-2], b.shape[-1]), dtype=entry.out_dtype, device=a.device)
+    _run_cutlass(entry, a, b, operands, out)
+    return out
+
+
+@gemm.register_fake
+def _gemm_fake(a, b, operands, kernel):
+    entry = kernel_entry(kernel)
+    lead = (a.shape[0],) if a.dim() == 3 else ()
+    return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=entry.out_dtype)
+
+
+def _norm_reference(entry: NormKernel, x, weight, bias) -> torch.Tensor:
+    xf = x.float()
+    if entry.kind == "rms_norm":
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + entry.eps)
+    else:
+        y = torch.nn.functional.layer_norm(xf, (entry.cols,), eps=entry.eps)
+    if entry.round_before_weight:
+        y = y.to(x.dtype).float()
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(entry.out_dtype)
+
+
+@torch.library.custom_op("fact::norm", mutates_args=())
+def norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, kernel: int
+) -> torch.Tensor:
+    """out = norm(x) over the last dim (* weight) (+ bias) by row-norm kernel `kernel`."""
+    entry = kernel_entry(kernel)
+    if entry.backend == "reference":
+        return _norm_reference(entry, x, weight, bias)
+    lib = entry.library
+    x2 = x.reshape(-1, entry.cols)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
+    args = FactNormArgs()
+    args.rows, args.cols = x2.shape[0], entry.cols
+    args.x, args.ldx = x2.data_ptr(), x2.stride(0)
+    args.weight = weight.contiguous().data_ptr() if weight is not None else None
+    args.bias = bias.contiguous().data_ptr() if bias is not None else None
+    args.out, args.ldout, args.eps = out.data_ptr(), entry.cols, entry.eps
+    status = lib.norm_can_implement(args)
+    if status != Status.OK:
+        raise FactError(f"fact::norm {entry.label}: {lib.last_error()}")
+    lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
+    return out
+
+
+@norm.register_fake
+def _norm_fake(x, weight, bias, kernel):
+    return x.new_empty(x.shape, dtype=kernel_entry(kernel).out_dtype)

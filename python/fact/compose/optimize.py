@@ -1,0 +1,789 @@
+"""Stage 3: compose realized kernels into a drop-in module.
+
+    opt = fact.optimize(model, example_inputs)
+
+reads top to bottom as the pipeline runs:
+
+  1. trace      torch.export; the graph goes to the engine (docs/graph-format.md)
+  2. plan       `fact-engine realize` plans the patterns and compiles their kernels into the
+                cache; without a GPU only `discover` runs, since nothing could be measured
+  3. tune       kernels the registry has not measured are verified and timed (fault-isolated)
+  4. choose     per pattern, every implementation (tuned kernels, library kernels) is checked
+                on the module's own intermediate values against the original subgraph and
+                timed against it there; the original PyTorch subgraph stays unless one is
+                correct and faster
+  5. compose    the chosen implementations replace their subgraphs in the exported graph
+  6. verify     the composed module against the model in float64 on fresh random inputs; a
+                pattern that breaks it falls back to PyTorch, and the report says so
+  7. replay     a whole-module CUDA graph where the inputs' shapes are static
+
+Decisions are cached by the graph's content (with precision, GPU and FACT version), so a second
+optimize of the same module skips steps 2-4: it compiles and tunes nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from fact import __version__
+from fact.compose.impls import GemmImpl, Impl, NormImpl, library_impls
+from fact.compose.program import Program, replace, subgraph
+from fact.errors import FactError
+
+#: relative error bounds: (per pattern against the original subgraph, end to end against float64)
+TOLERANCES = {
+    "16bit": (2e-2, 2e-2),
+    "medium": (2e-2, 2e-2),
+    "high": (2e-3, 5e-3),
+    "highest": (1e-5, 1e-4),
+}
+PATTERN_REPS = 20
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FACT_CACHE_DIR") or Path.home() / ".cache" / "fact")
+
+
+class Progress:
+    """One line per step on stderr, with the time since the start; silent when quiet."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.start = time.perf_counter()
+        self.lines: list[str] = []
+
+    def __call__(self, message: str) -> None:
+        line = f"[fact {time.perf_counter() - self.start:6.1f}s] {message}"
+        self.lines.append(line)
+        if not self.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+
+def tolerances(dtype: torch.dtype, precision: str) -> tuple[float, float]:
+    if dtype in (torch.bfloat16, torch.float16):
+        return TOLERANCES["16bit"]
+    if precision not in TOLERANCES:
+        raise FactError(f"precision {precision!r} is not one of highest, high, medium")
+    return TOLERANCES[precision]
+
+
+def rel_err(out: Any, ref: Any) -> float:
+    """max over the output tensors of ||out - ref|| / ||ref|| in float64 (inf on NaN/Inf)."""
+    outs, _ = pytree.tree_flatten(out)
+    refs, _ = pytree.tree_flatten(ref)
+    if len(outs) != len(refs):
+        return math.inf
+    worst = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        if not isinstance(o, torch.Tensor):
+            continue
+        if o.shape != r.shape:
+            return math.inf
+        o64, r64 = o.detach().double(), r.detach().double()
+        if not bool(torch.isfinite(o64).all()):
+            return math.inf
+        den = float(torch.linalg.vector_norm(r64))
+        num = float(torch.linalg.vector_norm(o64 - r64))
+        worst = max(worst, num / den if den > 0 else num)
+    return worst
+
+
+def _device_of(inputs: Sequence[Any]) -> torch.device:
+    for t in pytree.tree_leaves(list(inputs)):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def _model_dtype(inputs: Sequence[Any], model: nn.Module) -> torch.dtype:
+    for t in list(model.parameters()) + pytree.tree_leaves(list(inputs)):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def time_us(fn: Callable[[], Any], device: torch.device, reps: int = PATTERN_REPS) -> float:
+    from fact.tune.harness import time_fn
+
+    return statistics.median(time_fn(fn, reps=reps, warmup=3, flush=True, device=device))
+
+
+# ---------------------------------------------------------------------------------------------
+# The module FACT returns
+
+
+class OptimizedModule(nn.Module):
+    """The composed module: the exported graph with patterns replaced, fed from `original`'s
+    live parameters and buffers. Inference only: it runs under torch.no_grad()."""
+
+    def __init__(
+        self, original: nn.Module, program: Program, graph_module, report: dict, cuda_graphs: bool
+    ):
+        super().__init__()
+        self.original = original  # a submodule: parameters() and state_dict() are shared
+        self.report = report
+        self.cuda_graphs = cuda_graphs
+        object.__setattr__(self, "_program", program)
+        object.__setattr__(self, "_graph_module", graph_module)
+        object.__setattr__(self, "_replay", None)
+
+    @property
+    def graph_module(self):
+        return self._graph_module
+
+    def run_graph(self, flat_user: Sequence[Any]) -> list[Any]:
+        return list(self._graph_module(*self._program.state_inputs(), *flat_user))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            flat = self._program.flatten(args, kwargs)
+            stale = self._program.stale_buffers()
+            if stale:
+                return self._program.unflatten(self._original_graph(flat, stale))
+            if self.cuda_graphs and _graphable(flat):
+                outs = self._graphed(flat)
+            else:
+                outs = self.run_graph(flat)
+            return self._program.unflatten(outs)
+
+    def _original_graph(self, flat: Sequence[Any], stale: list[str]) -> list[Any]:
+        """The exported graph as traced: the plan may have relied on the old buffer values."""
+        if not getattr(self, "_warned_stale", False):
+            warnings.warn(
+                f"FACT: buffers {stale} changed after optimize, and the plan may rely on their "
+                "values (a causal mask, a constant); this module now runs the original graph. "
+                "Optimize again to get kernels for the new values.",
+                stacklevel=3,
+            )
+            object.__setattr__(self, "_warned_stale", True)
+        graph = self._program.graph_module
+        return list(graph(*self._program.state_inputs(), *flat))
+
+    def _graphed(self, flat: Sequence[Any]) -> list[Any]:
+        state = self._program.state_inputs()
+        key = (
+            tuple(
+                (tuple(t.shape), t.dtype, t.device, t.stride())
+                if isinstance(t, torch.Tensor)
+                else ("value", t)
+                for t in flat
+            ),
+            tuple(t.data_ptr() for t in state if isinstance(t, torch.Tensor)),
+        )
+        replay = self._replay
+        if replay is None or replay.key != key:
+            replay = _CudaGraph(self.run_graph, flat, key)
+            object.__setattr__(self, "_replay", replay)
+        return replay(flat)
+
+
+def _graphable(flat: Sequence[Any]) -> bool:
+    tensors = [t for t in flat if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.is_cuda for t in tensors) and torch.cuda.is_available()
+
+
+class _CudaGraph:
+    """One captured replay of the module at fixed input shapes. Inputs are copied into static
+    buffers and outputs cloned out, so a caller may keep results across calls. Parameters are
+    read in place: a weight updated in place is seen; a weight replaced by a new tensor changes
+    the key and triggers a new capture."""
+
+    def __init__(self, run: Callable[[Sequence[Any]], list[Any]], flat: Sequence[Any], key):
+        self.key = key
+        self.static = [t.clone() if isinstance(t, torch.Tensor) else t for t in flat]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up (lazy inits, cuBLAS workspaces) outside the capture
+                run(self.static)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outputs = run(self.static)
+
+    def __call__(self, flat: Sequence[Any]) -> list[Any]:
+        for dst, src in zip(self.static, flat, strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        self.graph.replay()
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+def plan_and_realize(
+    graph_path: Path,
+    run: Path,
+    *,
+    arch: str,
+    candidates: int,
+    realize: bool,
+    progress: Progress,
+    quiet: bool,
+) -> dict:
+    """Step 2: the engine's plan, with kernels compiled into `run` when `realize`."""
+    from fact.engine import engine_json, run_engine
+
+    if not realize:
+        plan = engine_json("discover", graph_path, "--arch", arch)
+        (run / "plan.json").write_text(json.dumps(plan, indent=1))
+        return plan
+    from fact.cli import find_cutlass
+
+    progress(f"planning and compiling kernels (up to {candidates} per pattern) into {run}")
+    args = [
+        "realize",
+        str(graph_path),
+        "--out",
+        str(run),
+        "--cutlass-dir",
+        find_cutlass(None),
+        "--candidates",
+        str(candidates),
+    ]
+    run_engine(args, stream_stderr=not quiet)
+    return json.loads((run / "plan.json").read_text())
+
+
+def evaluate(
+    program: Program,
+    pattern: Mapping[str, Any],
+    impl: Impl,
+    values: Mapping[str, Any],
+    device: torch.device,
+    tol: float,
+    base_us: float | None,
+) -> dict[str, Any]:
+    """Step 4 for one implementation: its error against the original subgraph's value on the
+    module's own intermediates, and its time there."""
+    result: dict[str, Any] = {
+        "impl": impl.name,
+        "kind": impl.kind,
+        "error": None,
+        "time_us": None,
+        "ok": False,
+        "message": "",
+    }
+    try:
+        sub, names = subgraph(program, program.graph_module.graph, pattern)
+        replace(sub, pattern, impl.emit)
+        module = program.module(sub)
+        args = [values[n] for n in names]
+        expected = values[pattern["output"]]
+        with torch.no_grad():
+            out = module(*args)
+            err = rel_err(out, expected)
+            result["error"] = err
+            if not err <= tol:
+                result["message"] = f"error {err:.3g} exceeds {tol:g}"
+                return result
+            result["time_us"] = time_us(lambda: module(*args), device)
+    except Exception as exc:  # noqa: BLE001 - any failure rejects this implementation only
+        result["message"] = f"{type(exc).__name__}: {exc}"
+        return result
+    result["ok"] = True
+    if base_us is not None and result["time_us"] >= base_us:
+        result["message"] = "slower than the PyTorch subgraph"
+    return result
+
+
+def choose(
+    program: Program,
+    plan: Mapping[str, Any],
+    impls: Mapping[int, list[Impl]],
+    values: Mapping[str, Any],
+    device: torch.device,
+    tol: float,
+    require_faster: bool,
+    progress: Progress,
+) -> list[dict[str, Any]]:
+    """Step 4: one decision per plan pattern."""
+    decisions = []
+    for index, pattern in enumerate(plan.get("patterns") or []):
+        d: dict[str, Any] = {
+            "index": index,
+            "family": pattern.get("family"),
+            "signature": pattern.get("signature"),
+            "nodes": pattern.get("nodes"),
+            "output": pattern.get("output"),
+            "est_saving_us": pattern.get("est_saving_us"),
+            "chosen": "pytorch",
+            "kind": "pytorch",
+            "eager_us": None,
+            "time_us": None,
+            "error": None,
+            "candidates": [],
+            "reason": "",
+        }
+        options = impls.get(index) or []
+        if not options:
+            d["reason"] = _no_impl_reason(pattern, device)
+            decisions.append(d)
+            continue
+        progress(f"checking pattern {index} {pattern.get('signature')} ({len(options)} options)")
+        try:
+            sub, names = subgraph(program, program.graph_module.graph, pattern)
+            module = program.module(sub)
+            args = [values[n] for n in names]
+            d["eager_us"] = time_us(lambda m=module, a=args: m(*a), device)
+        except Exception as exc:  # noqa: BLE001
+            d["reason"] = f"the pattern's subgraph cannot run alone: {exc}"
+            decisions.append(d)
+            continue
+        base = d["eager_us"] if require_faster else None
+        for impl in options:
+            d["candidates"].append(evaluate(program, pattern, impl, values, device, tol, base))
+        good = [(c, i) for c, i in zip(d["candidates"], options, strict=True) if c["ok"]]
+        faster = [(c, i) for c, i in good if not require_faster or c["time_us"] < d["eager_us"]]
+        if faster:
+            best, impl = min(faster, key=lambda ci: ci[0]["time_us"])
+            d.update(
+                chosen=impl.name,
+                kind=impl.kind,
+                time_us=best["time_us"],
+                error=best["error"],
+                impl=impl,
+            )
+        else:
+            why = "; ".join(f"{c['impl']}: {c['message']}" for c in d["candidates"])
+            d["reason"] = f"kept PyTorch ({why})"
+        decisions.append(d)
+    return decisions
+
+
+def _realize_note(run: Path, index: int, tuned: Sequence[Mapping[str, Any]]) -> str:
+    """What realize and tuning said about a pattern's generated kernels, when none is usable."""
+    if any(r.get("library") for r in tuned):
+        return ""
+    try:
+        manifest = json.loads((run / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return ""
+    entries = [e for e in manifest if e.get("pattern_index") == index]
+    if not entries:
+        return ""
+    if any(e.get("library") for e in entries):
+        return f"none of its {len(entries)} generated kernels passed verification"
+    details = sorted({str(e.get("detail") or e.get("status")) for e in entries})
+    return "no generated kernel: " + "; ".join(details)
+
+
+def _no_impl_reason(pattern: Mapping[str, Any], device: torch.device) -> str:
+    family = pattern.get("family")
+    if family in ("gemm", "norm") and device.type != "cuda":
+        return "no GPU: generated kernels cannot run here"
+    if family == "gemm":
+        return "no usable generated kernel"
+    if family == "attention":
+        return "no attention kernel for this form yet (a CUTLASS FMHA is not emitted yet)"
+    if family == "norm" and device.type != "cuda":
+        return "no GPU: generated kernels cannot run here"
+    if family == "norm":
+        return "no usable generated norm kernel"
+    return f"{family} kernels are not emitted yet"
+
+
+def compose(program: Program, plan: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]]):
+    """Step 5: the exported graph with each chosen implementation in its pattern's place."""
+    graph = program.copy_graph()
+    patterns = plan.get("patterns") or []
+    aliases: dict[str, Any] = {}
+    for d in decisions:
+        impl = d.get("impl")
+        if impl is not None and not d.get("fallback"):
+            replace(graph, patterns[d["index"]], impl.emit, aliases)
+    graph.lint()
+    return program.module(graph)
+
+
+def fresh_inputs(example: Sequence[Any], seed: int) -> list[Any]:
+    """Random inputs shaped like the examples: floating tensors ~ N(mean, std) of the example;
+    integer and boolean tensors (token ids, masks) and non-tensors are reused as given."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return t
+        t = t.detach()
+        std = float(t.float().std()) if t.numel() > 1 else 1.0
+        std = std if math.isfinite(std) and std > 0 else 1.0
+        mean = float(t.float().mean())
+        r = torch.randn(t.shape, generator=gen, dtype=torch.float32) * std + mean
+        return r.to(device=t.device, dtype=t.dtype)
+
+    return pytree.tree_map(one, list(example))
+
+
+def reference_outputs(model: nn.Module, inputs: Sequence[Any]) -> Any:
+    """The model in float64 (a temporary copy), or None when it cannot run in float64."""
+    try:
+        ref = copy.deepcopy(model).to(torch.float64)
+        args = pytree.tree_map(
+            lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+            list(inputs),
+        )
+        with torch.no_grad():
+            return ref(*args)
+    except Exception:  # noqa: BLE001 - a model that insists on its dtype: compare to eager
+        return None
+
+
+def verify_end_to_end(
+    model: nn.Module,
+    program: Program,
+    plan,
+    decisions,
+    example,
+    tol: float,
+    progress: Progress,
+    seed: int = 0,
+) -> tuple[Any, dict[str, Any]]:
+    """Step 6: compose, compare with float64 on fresh inputs; drop patterns until it passes.
+    Returns (graph module, verification record)."""
+    inputs = fresh_inputs(example, seed)
+    with torch.no_grad():
+        eager = model(*inputs)
+    ref = reference_outputs(model, inputs)
+    against = "float64" if ref is not None else "eager"
+    ref = ref if ref is not None else eager
+    eager_err = rel_err(eager, ref) if against == "float64" else 0.0
+    bound = max(tol, 2 * eager_err)
+    flat = program.flatten(inputs)
+    record: dict[str, Any] = {
+        "reference": against,
+        "eager_error": eager_err,
+        "bound": bound,
+        "attempts": [],
+    }
+    while True:
+        gm = compose(program, plan, decisions)
+        with torch.no_grad():
+            out = program.unflatten(list(gm(*program.state_inputs(), *flat)))
+        err = rel_err(out, ref)
+        active = [d for d in decisions if d.get("impl") is not None and not d.get("fallback")]
+        record["attempts"].append({"error": err, "patterns": [d["index"] for d in active]})
+        progress(
+            f"end-to-end check: error {err:.3g} against {against} "
+            f"(eager {eager_err:.3g}, bound {bound:.3g}), {len(active)} patterns replaced"
+        )
+        if err <= bound or not active:
+            record["error"] = err
+            record["passed"] = err <= bound
+            return gm, record
+        worst = _most_harmful(program, plan, decisions, active, flat, ref)
+        worst["fallback"] = True
+        worst["reason"] = (
+            f"fell back to PyTorch: the module's end-to-end error was {err:.3g} "
+            f"(bound {bound:.3g}) with it"
+        )
+        progress(f"pattern {worst['index']} falls back to PyTorch: {worst['reason']}")
+
+
+def _most_harmful(program, plan, decisions, active, flat, ref) -> dict[str, Any]:
+    """The active pattern whose fallback alone lowers the module's error the most."""
+    best, best_err = active[0], math.inf
+    for d in active:
+        d["fallback"] = True
+        try:
+            gm = compose(program, plan, decisions)
+            with torch.no_grad():
+                out = program.unflatten(list(gm(*program.state_inputs(), *flat)))
+            err = rel_err(out, ref)
+        finally:
+            d["fallback"] = False
+        if err < best_err:
+            best, best_err = d, err
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision cache: what a warm run reuses
+
+
+def cache_key(graph: Mapping[str, Any], precision: str, arch: str, device: torch.device) -> str:
+    from fact.tracer import dumps_graph
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    text = "\n".join(
+        [dumps_graph(dict(graph, source="")), precision, arch, gpu, __version__, _code_digest()]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _code_digest() -> str:
+    """The engine binary and the composer's sources: decisions made by other code are stale."""
+    from fact.engine import find_engine
+
+    h = hashlib.sha256()
+    try:
+        h.update(Path(find_engine()).read_bytes())
+    except (FactError, OSError):
+        h.update(b"no engine")
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(source.read_bytes())
+    return h.hexdigest()
+
+
+def _save_decisions(path: Path, plan, decisions) -> None:
+    rows = []
+    for d in decisions:
+        row = {k: v for k, v in d.items() if k != "impl"}
+        impl = d.get("impl")
+        if impl is not None:
+            row["impl_spec"] = {
+                "name": impl.name,
+                "kind": impl.kind,
+                "detail": impl.detail,
+                "library": getattr(impl, "library_path", None),
+            }
+        rows.append(row)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(_json_safe({"fact_decisions": 1, "plan": plan, "decisions": rows})))
+    os.replace(tmp, path)  # atomic: an interrupted run never leaves half a file
+
+
+def _load_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    plan, rows = doc.get("plan"), doc.get("decisions") or []
+    patterns = plan.get("patterns") or []
+    for d in rows:
+        spec = d.pop("impl_spec", None)
+        if spec is None or d.get("fallback"):
+            continue
+        pattern = patterns[d["index"]]
+        if spec["kind"] == "generated":
+            library = spec.get("library")
+            if not library or not Path(library).is_file():
+                return None  # the kernel cache was cleared: start over
+            d["impl"] = generated_impl(pattern, library, spec["detail"].get("knobs") or {})
+        else:
+            found = [i for i in library_impls(pattern, device) if i.name == spec["name"]]
+            if not found:
+                return None
+            d["impl"] = found[0]
+    return plan, rows
+
+
+def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str, Any]) -> Impl:
+    """A generated kernel library as an implementation of its pattern (GEMM or row norm)."""
+    from fact.tune.abi import KernelLibrary
+
+    lib = KernelLibrary(library)
+    if lib.family == "norm":
+        impl: Impl = NormImpl(pattern, "cutlass", lib, label=lib.name)
+    else:
+        impl = GemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
+    impl.library_path = str(library)
+    return impl
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point
+
+
+def optimize(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    *,
+    precision: str | None = None,
+    arch: str = "sm90",
+    candidates: int = 4,
+    cuda_graphs: bool = True,
+    quiet: bool = False,
+    run_dir: str | os.PathLike[str] | None = None,
+    use_cache: bool = True,
+    require_faster: bool = True,
+    implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None = None,
+) -> OptimizedModule:
+    """Return a module computing `model`'s function with FACT's kernels where they verify and
+    win, PyTorch everywhere else. See the module docstring for the steps.
+
+    precision: the float32 matmul precision to honour (default: torch's current setting).
+    candidates: kernels compiled per GEMM pattern. run_dir: where the plan, kernels, logs and
+    report go (default: the cache's runs/<key>). implementations(index, pattern): extra
+    implementations to consider (tests use PyTorch twins of the kernels on CPU).
+    """
+    from fact.tracer import export_module, graph_from_program, save_graph
+
+    progress = Progress(quiet)
+    example = [example_inputs] if isinstance(example_inputs, torch.Tensor) else list(example_inputs)
+    precision = precision or torch.get_float32_matmul_precision()
+    device = _device_of(example)
+    dtype = _model_dtype(example, model)
+    tol_pattern, tol_e2e = tolerances(dtype, precision)
+    started = time.perf_counter()
+
+    progress(f"tracing {type(model).__name__}")
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        exported = export_module(model, example)
+        program = Program(model, exported)
+        graph = graph_from_program(
+            exported, source=type(model).__name__, model=type(model).__name__
+        )
+        key = cache_key(graph, precision, arch, device)
+        run = Path(run_dir) if run_dir else cache_root() / "runs" / key[:16]
+        run.mkdir(parents=True, exist_ok=True)
+        graph_path = save_graph(graph, run / "graph.json")
+        decisions_path = cache_root() / "decisions" / f"{key}.json"
+        cached = (
+            _load_decisions(decisions_path, device)
+            if use_cache and implementations is None
+            else None
+        )
+        values = None
+        tuned: dict[int, list[dict]] = {}
+        if cached is not None:
+            plan, decisions = cached
+            progress(
+                f"warm: reusing the decisions in {decisions_path} (nothing to compile or tune)"
+            )
+        else:
+            gpu = device.type == "cuda"
+            plan = plan_and_realize(
+                graph_path,
+                run,
+                arch=arch,
+                candidates=candidates,
+                realize=gpu and implementations is None,
+                progress=progress,
+                quiet=quiet,
+            )
+            if gpu and implementations is None and (run / "manifest.json").is_file():
+                from fact.tune.runs import tune_run
+
+                tuned = tune_run(run, precision, progress=progress)
+            progress("capturing the module's intermediate values")
+            values = program.capture(program.inputs(example))
+            options: dict[int, list[Impl]] = {}
+            for index, pattern in enumerate(plan.get("patterns") or []):
+                opts: list[Impl] = []
+                keep = 2 if pattern.get("family") == "gemm" else None  # the tuner's top two
+                for row in [r for r in tuned.get(index, []) if r.get("library")][:keep]:
+                    try:
+                        opts.append(generated_impl(pattern, row["library"], row.get("knobs") or {}))
+                    except FactError as exc:
+                        progress(f"pattern {index}: {row['kernel']}: {exc}")
+                if implementations is not None:
+                    opts += implementations(index, pattern)
+                opts += library_impls(pattern, device)
+                options[index] = opts
+            decisions = choose(
+                program, plan, options, values, device, tol_pattern, require_faster, progress
+            )
+            for d in decisions:
+                rows = tuned.get(d["index"]) or []
+                kernels_note = _realize_note(run, d["index"], rows)
+                if kernels_note and d["chosen"] == "pytorch":
+                    d["reason"] = f"{d['reason']}; {kernels_note}" if d["reason"] else kernels_note
+                d["tuning"] = [
+                    {k: r.get(k) for k in ("kernel", "time_us", "error", "source")} for r in rows
+                ]
+        del values
+        progress("verifying the composed module end to end")
+        gm, verification = verify_end_to_end(
+            model, program, plan, decisions, example, tol_e2e, progress
+        )
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    if use_cache and implementations is None and cached is None:
+        _save_decisions(decisions_path, plan, decisions)
+    replaced = [d for d in decisions if d.get("impl") is not None and not d.get("fallback")]
+    report = {
+        "fact_optimize_report": 1,
+        "model": type(model).__name__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "precision": precision,
+        "arch": arch,
+        "device": str(device),
+        "warm": cached is not None,
+        "run_dir": str(run),
+        "seconds": round(time.perf_counter() - started, 2),
+        "patterns": [{k: v for k, v in d.items() if k != "impl"} for d in decisions],
+        "replaced": len(replaced),
+        "pytorch_nodes": [n.get("name") for n in plan.get("pytorch_nodes") or []],
+        "verification": verification,
+        "cuda_graphs": False,
+        "transcript": progress.lines,
+    }
+    opt = OptimizedModule(model, program, gm, report, False)
+    if cuda_graphs and device.type == "cuda":
+        report["replay"] = choose_replay(opt, example)
+        opt.cuda_graphs = report["cuda_graphs"] = report["replay"]["chosen"] == "cuda_graph"
+        progress(
+            f"CUDA graph replay {report['replay']['graph_us']:.0f} us, plain launches "
+            f"{report['replay']['launch_us']:.0f} us: {report['replay']['chosen']}"
+        )
+    (run / "optimize.json").write_text(json.dumps(_json_safe(report), indent=1) + "\n")
+    (run / "transcript.txt").write_text("\n".join(progress.lines) + "\n")
+    progress(
+        f"done: {len(replaced)} of {len(decisions)} patterns replaced "
+        f"in {report['seconds']:.1f}s; report in {run / 'optimize.json'}"
+    )
+    return opt
+
+
+def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:
+    """Step 7: time the module with and without whole-module CUDA graph replay on the example
+    inputs and keep the faster (replay copies inputs in and outputs out, which can cost more
+    than the launches it saves)."""
+    device = _device_of(example)
+    times = {}
+    for mode in (True, False):
+        opt.cuda_graphs = mode
+        try:
+            with torch.no_grad():
+                opt(*example)
+                times[mode] = time_us(lambda: opt(*example), device)
+        except Exception as exc:  # noqa: BLE001 - capture can fail (a sync in some op)
+            times[mode] = math.inf
+            if mode:
+                object.__setattr__(opt, "_replay", None)
+                graph_error = f"{type(exc).__name__}: {exc}"
+                return {
+                    "graph_us": math.inf,
+                    "launch_us": math.nan,
+                    "chosen": "launches",
+                    "error": graph_error,
+                }
+    chosen = "cuda_graph" if times[True] < times[False] else "launches"
+    if chosen == "launches":
+        object.__setattr__(opt, "_replay", None)  # free the captured graph's buffers
+    return {"graph_us": times[True], "launch_us": times[False], "chosen": chosen}
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+__all__ = ["OptimizedModule", "optimize"]

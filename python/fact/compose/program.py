@@ -1,0 +1,293 @@
+"""An exported module as one flat FX graph, fed from the live model, and the graph surgery that
+swaps a pattern's nodes for its implementation.
+
+`Program` keeps torch.export's graph (ATen ops; parameters, buffers and constants are leading
+placeholders) and, on each call, reads the parameters and buffers from the user's module by
+name, so the composed module shares them: no copies, and an in-place update, or a new Parameter
+assigned to the attribute, is seen by the next call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from fact.errors import FactError
+
+
+class Program:
+    """torch.export's flat graph of `model`, runnable on the model's live state."""
+
+    def __init__(self, model: nn.Module, program: torch.export.ExportedProgram):
+        self.model = model
+        self.exported = program
+        sig = program.graph_signature
+        extra = [s for s in sig.output_specs if s.kind != OutputKind.USER_OUTPUT]
+        if extra:
+            kinds = sorted({s.kind.name.lower() for s in extra})
+            raise FactError(
+                f"{type(model).__name__} mutates its own state while it runs ({', '.join(kinds)}); "
+                "FACT composes inference modules without side effects (put the model in eval() "
+                "mode, or keep this module eager)"
+            )
+        self.input_specs = list(sig.input_specs)
+        self.user_inputs = [s.arg.name for s in self.input_specs if s.kind == InputKind.USER_INPUT]
+        self.graph_module: fx.GraphModule = program.graph_module
+        written = self.mutated_inputs()
+        if written:
+            raise FactError(
+                f"{type(model).__name__} writes to {', '.join(written)} while it runs; FACT "
+                "composes inference modules without side effects (keep this module eager, or "
+                "move the update out of forward)"
+            )
+        random = self.random_nodes()
+        if random:
+            raise FactError(
+                f"{type(model).__name__} draws random numbers while it runs (nodes "
+                f"{', '.join(random)}: active dropout?); FACT optimizes inference, so call "
+                "model.eval() first"
+            )
+        # Buffers' values may be baked into the plan (a tril buffer becomes a causal flag):
+        # remember which tensor and version each had, so a later change is noticed.
+        self.watched = [
+            (spec.target, self.model.get_buffer(spec.target))
+            for spec in self.input_specs
+            if spec.kind == InputKind.BUFFER
+        ]
+        self.versions = [(t, t._version) for _, t in self.watched]
+
+    def mutated_inputs(self) -> list[str]:
+        """Placeholders (parameters, buffers, inputs) that an in-place op of the graph writes,
+        directly or through a view, as 'kind target' strings."""
+        specs = {s.arg.name: s for s in self.input_specs}
+        found: list[str] = []
+        for n in self.graph_module.graph.nodes:
+            if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+                continue
+            for i, arg in enumerate(n.target._schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+                base = _view_base(value)
+                if isinstance(base, fx.Node) and base.name in specs:
+                    spec = specs[base.name]
+                    what = f"{spec.kind.name.lower()} {spec.target or base.name}"
+                    if what not in found:
+                        found.append(what)
+        return found
+
+    def random_nodes(self) -> list[str]:
+        """Nodes whose result is random: dropout in training mode, rand*, bernoulli."""
+        aten = torch.ops.aten
+        found = []
+        for n in self.graph_module.graph.nodes:
+            if n.op != "call_function":
+                continue
+            if n.target is aten.dropout.default:
+                p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+                train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
+                if train and p:
+                    found.append(n.name)
+            elif isinstance(n.target, torch._ops.OpOverload) and n.target.name().split("::")[
+                -1
+            ].split(".")[0] in (
+                "native_dropout",
+                "bernoulli",
+                "rand",
+                "randn",
+                "rand_like",
+                "randn_like",
+                "randint",
+                "multinomial",
+            ):
+                found.append(n.name)
+        return found
+
+    def stale_buffers(self) -> list[str]:
+        """Buffers replaced or updated in place since the program was built."""
+        stale = []
+        for (name, _), (tensor, version) in zip(self.watched, self.versions, strict=True):
+            now = self.model.get_buffer(name)
+            if now is not tensor or now._version != version:
+                stale.append(name)
+        return stale
+
+    # -- feeding the graph ------------------------------------------------------------------
+    def state_inputs(self) -> list[Any]:
+        """Parameters, buffers and constants, in placeholder order, read from the model now."""
+        values = []
+        for spec in self.input_specs:
+            if spec.kind == InputKind.PARAMETER:
+                values.append(self.model.get_parameter(spec.target))
+            elif spec.kind == InputKind.BUFFER:
+                values.append(self.model.get_buffer(spec.target))
+            elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+                values.append(self.exported.constants[spec.target])
+            elif spec.kind == InputKind.USER_INPUT:
+                continue
+            else:
+                raise FactError(
+                    f"exported input {spec.arg.name}: kind {spec.kind} is not supported"
+                )
+        return values
+
+    def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        """The user's call arguments as the graph's user-input placeholders."""
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+        expected = self.exported.call_spec.in_spec
+        if expected is not None and spec != expected:
+            raise FactError(
+                f"the optimized {type(self.model).__name__} was built for calls shaped like "
+                f"{expected}, got {spec}; call it the way it was traced"
+            )
+        return flat
+
+    def inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> list[Any]:
+        return self.state_inputs() + self.flatten(args, kwargs)
+
+    def unflatten(self, flat_outputs: Sequence[Any]) -> Any:
+        return pytree.tree_unflatten(list(flat_outputs), self.exported.call_spec.out_spec)
+
+    def capture(self, flat_inputs: Sequence[Any]) -> dict[str, Any]:
+        """Run the original graph and keep every node's value, by node name."""
+        values: dict[str, Any] = {}
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, n: fx.Node) -> Any:
+                out = super().run_node(n)
+                values[n.name] = out
+                return out
+
+        with torch.no_grad():
+            Recorder(self.graph_module).run(*flat_inputs)
+        return values
+
+    def copy_graph(self) -> fx.Graph:
+        return copy.deepcopy(self.graph_module.graph)
+
+    def module(self, graph: fx.Graph) -> fx.GraphModule:
+        return fx.GraphModule(self.graph_module, graph)
+
+
+def _view_base(value: Any) -> Any:
+    """Follow view ops (outputs that alias their first input) back to the viewed node."""
+    while isinstance(value, fx.Node) and value.op == "call_function":
+        target = value.target
+        if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+            break
+        ret = target._schema.returns[0].alias_info
+        first = target._schema.arguments[0].alias_info if target._schema.arguments else None
+        if ret is None or first is None or ret.is_write or not value.args:
+            break
+        value = value.args[0]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph surgery
+
+
+@dataclass
+class Region:
+    """A pattern's nodes in one graph: where it reads from and what it produces."""
+
+    nodes: list[fx.Node]  # in graph order
+    inputs: list[fx.Node]  # nodes outside the region that it reads, in first-use order
+    output: fx.Node
+    names: Mapping[str, fx.Node]  # plan node names (and aliases) -> nodes of this graph
+
+    def input(self, name: str) -> fx.Node:
+        """The region's input the plan calls `name`."""
+        node = self.names.get(name)
+        if node is None or node not in self.inputs:
+            raise FactError(f"{name!r} is not an input of the pattern ending at {self.output.name}")
+        return node
+
+
+def region(
+    graph: fx.Graph, pattern: Mapping[str, Any], aliases: Mapping[str, fx.Node] | None = None
+) -> Region:
+    """Locate a plan pattern's nodes; FactError when the plan and the graph disagree.
+    `aliases` names the nodes that replaced earlier patterns' outputs (by the old name)."""
+    by_name = {**(aliases or {}), **{n.name: n for n in graph.nodes}}
+    names = list(pattern.get("nodes") or [])
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise FactError(f"pattern nodes {missing} are not in the graph (a stale plan?)")
+    members = {by_name[name] for name in names}
+    output = by_name.get(pattern.get("output", ""))
+    if output not in members:
+        raise FactError(f"pattern output {pattern.get('output')!r} is not one of its nodes")
+    ordered = [n for n in graph.nodes if n in members]
+    escaping = [
+        n.name for n in ordered if n is not output and any(u not in members for u in n.users)
+    ]
+    if escaping:
+        raise FactError(
+            f"pattern {pattern.get('signature')}: nodes {escaping} are also read outside the "
+            "pattern, so it cannot be replaced as a whole"
+        )
+    inputs: list[fx.Node] = []
+    for n in ordered:
+        for arg in n.all_input_nodes:
+            if arg not in members and arg not in inputs:
+                inputs.append(arg)
+    return Region(ordered, inputs, output, by_name)
+
+
+#: emit(graph, region, pattern) -> the node that replaces region.output (created before it)
+Emitter = Callable[[fx.Graph, Region, Mapping[str, Any]], fx.Node]
+
+
+def replace(
+    graph: fx.Graph,
+    pattern: Mapping[str, Any],
+    emit: Emitter,
+    aliases: dict[str, fx.Node] | None = None,
+) -> fx.Node:
+    """Swap the pattern's nodes for what `emit` builds; nodes left without users are removed
+    (views the new node still reads stay). With `aliases`, the new node is recorded under the
+    old output's name, so later patterns that read that output still find it."""
+    reg = region(graph, pattern, aliases)
+    with graph.inserting_before(reg.output):
+        new = emit(graph, reg, pattern)
+    new.meta.update({k: v for k, v in reg.output.meta.items() if k in ("val", "tensor_meta")})
+    reg.output.replace_all_uses_with(new)
+    if aliases is not None:
+        aliases[str(pattern.get("output"))] = new
+    for n in reversed(reg.nodes):
+        if not n.users:
+            graph.erase_node(n)
+    return new
+
+
+def subgraph(
+    program: Program, graph: fx.Graph, pattern: Mapping[str, Any]
+) -> tuple[fx.Graph, list[str]]:
+    """A standalone graph of one pattern: placeholders for what it reads, its nodes, its output.
+    Returns (graph, names of the read nodes in placeholder order)."""
+    reg = region(graph, pattern)
+    sub = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in reg.inputs:
+        p = sub.placeholder(n.name)
+        p.meta.update(n.meta)
+        env[n] = p
+    for n in reg.nodes:
+        env[n] = sub.node_copy(n, lambda a: env[a])
+    sub.output(env[reg.output])
+    return sub, [n.name for n in reg.inputs]
+
+
+def call_function(
+    graph: fx.Graph, fn: Any, args: Iterable[Any], kwargs: Mapping[str, Any] | None = None
+) -> fx.Node:
+    return graph.call_function(fn, tuple(args), dict(kwargs or {}))

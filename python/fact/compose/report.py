@@ -1,0 +1,146 @@
+"""The report of `fact bench` and `fact.optimize`: markdown, JSON and a PNG chart of each
+pattern's time before (its PyTorch subgraph) and after (what FACT runs there)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _ms(us: float | None) -> str:
+    return f"{us / 1e3:.3f}" if isinstance(us, (int, float)) and math.isfinite(us) else "-"
+
+
+def _x(num: float | None, den: float | None) -> str:
+    if not num or not den:
+        return "-"
+    return f"{num / den:.2f}x"
+
+
+def _err(e: Any) -> str:
+    return f"{e:.2e}" if isinstance(e, (int, float)) else "-"
+
+
+def markdown(bench: Mapping[str, Any]) -> str:
+    """The human-readable report: the headline table, then one row per pattern."""
+    opt = bench.get("optimize") or {}
+    env = bench.get("environment") or {}
+    rows = bench.get("results") or []
+    fact = next((r for r in rows if r["name"] == "fact"), {})
+    lines = [
+        f"# FACT bench: {bench.get('problem')} ({bench.get('dtype')}, "
+        f"float32 matmul precision {bench.get('precision')})",
+        "",
+        f"Command: `{bench.get('command')}`",
+        "",
+        f"Device: {env.get('gpu', env.get('device', '?'))}; torch {env.get('torch')}; "
+        f"CUDA {env.get('cuda')}; FACT {bench.get('fact_version')}.",
+        "Times: one forward call on the problem's own inputs (get_inputs()), CUDA events, L2 "
+        "flushed before each call; the modules take turns over three rounds and the median of "
+        "the round medians is shown. Errors: ||out - ref|| / ||ref|| against the model in float64 "
+        "on the same inputs.",
+        "",
+        "| module | time (ms) | vs eager | vs torch.compile | max abs error | rel error |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    eager = next((r["time_us"] for r in rows if r["name"] == "eager"), None)
+    compiled = next((r["time_us"] for r in rows if r["name"] == "torch.compile"), None)
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {_ms(r.get('time_us'))} | {_x(eager, r.get('time_us'))} | "
+            f"{_x(compiled, r.get('time_us'))} | {_err(r.get('max_abs_error'))} | "
+            f"{_err(r.get('rel_error'))} |"
+        )
+    if fact.get("note"):
+        lines += ["", fact["note"]]
+    lines += [
+        "",
+        f"FACT replaced {opt.get('replaced', 0)} of {len(opt.get('patterns') or [])} patterns "
+        f"({'warm: decisions reused' if opt.get('warm') else 'cold'}, "
+        f"{opt.get('seconds', 0):.1f} s to optimize; CUDA graph replay "
+        f"{'on' if opt.get('cuda_graphs') else 'off'}).",
+        "",
+        "| # | pattern | runs as | PyTorch subgraph (ms) | FACT (ms) | speedup | error | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in opt.get("patterns") or []:
+        chosen = p.get("chosen") if not p.get("fallback") else "pytorch (fallback)"
+        kind = {"generated": "generated kernel", "library": "library kernel"}.get(p.get("kind"), "")
+        runs_as = f"{chosen} ({kind})" if kind and not p.get("fallback") else chosen
+        after = p.get("time_us") if not p.get("fallback") else None
+        lines.append(
+            f"| {p['index']} | `{p.get('signature')}` | {runs_as} | {_ms(p.get('eager_us'))} | "
+            f"{_ms(after)} | {_x(p.get('eager_us'), after)} | {_err(p.get('error'))} | "
+            f"{(p.get('reason') or '').replace('|', '/')} |"
+        )
+    nodes = opt.get("pytorch_nodes") or []
+    if nodes:
+        lines += ["", f"Nodes no pattern covers (they run as PyTorch ops): {', '.join(nodes)}."]
+    ver = opt.get("verification") or {}
+    if ver:
+        lines += [
+            "",
+            f"End-to-end check before the module was returned: error {_err(ver.get('error'))} "
+            f"against {ver.get('reference')} (eager {_err(ver.get('eager_error'))}, bound "
+            f"{_err(ver.get('bound'))}): {'passed' if ver.get('passed') else 'FAILED'}.",
+        ]
+    for name, rows in (bench.get("profile") or {}).items():
+        lines += [
+            "",
+            f"Where the time goes in {name} (torch.profiler, device time per forward):",
+            "",
+            "| kernel | calls | us |",
+            "| --- | --- | --- |",
+        ]
+        lines += [f"| `{r['kernel']}` | {r['calls']:g} | {r['us']:.1f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def chart(patterns: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path | None:
+    """A bar chart of each measured pattern's time before and after; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    measured = [p for p in patterns if p.get("eager_us")]
+    labels = [f"{p['index']}: {(p.get('signature') or '').split(':')[0]}" for p in measured]
+    before = [p["eager_us"] / 1e3 for p in measured]
+    after = [
+        (p.get("time_us") if p.get("time_us") and not p.get("fallback") else p["eager_us"]) / 1e3
+        for p in measured
+    ]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(measured) + 2), 4.5))
+    xs = range(len(measured))
+    ax.bar([x - 0.2 for x in xs], before, width=0.4, label="PyTorch subgraph")
+    ax.bar([x + 0.2 for x in xs], after, width=0.4, label="FACT")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("time (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(bench: Mapping[str, Any], folder: Path) -> dict[str, Path]:
+    """report.md, report.json and report.png (when matplotlib is installed) into folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {"md": folder / "report.md", "json": folder / "report.json"}
+    png = chart(
+        (bench.get("optimize") or {}).get("patterns") or [],
+        folder / "report.png",
+        f"{bench.get('problem')} ({bench.get('dtype')}): per-pattern time",
+    )
+    if png is not None:
+        out["png"] = png
+    out["md"].write_text(markdown(bench) + ("\n![per-pattern time](report.png)\n" if png else ""))
+    out["json"].write_text(json.dumps(bench, indent=1, default=str) + "\n")
+    return out

@@ -1,0 +1,160 @@
+"""Run directories of `fact realize`: what in them the registry has not measured yet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fact.engine import run_engine
+from fact.tune.reference import GEMM_FAMILIES
+
+
+def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
+    """The run's manifest entries that the registry has no passed row for (same signature,
+    arch, problem and config), or None when there is no registry to ask yet."""
+    from fact.errors import EngineError
+
+    try:
+        doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
+    except EngineError:
+        return None  # no registry file yet: everything is new
+    known = {
+        (
+            r["signature"],
+            r["arch"],
+            json.dumps(r["problem"], sort_keys=True),
+            r["config"].get("name"),
+        )
+        for r in doc.get("rows", [])
+        if r.get("disposition") == "passed"
+    }
+    plan = json.loads((run / "plan.json").read_text())
+    pending = []
+    for entry in json.loads((run / "manifest.json").read_text()):
+        if not entry.get("library"):
+            continue
+        pattern = plan["patterns"][entry["pattern_index"]]
+        key = (
+            pattern["signature"],
+            plan.get("arch", "sm90"),
+            json.dumps(pattern["problem"], sort_keys=True),
+            entry["config"].get("name"),
+        )
+        if key not in known:
+            pending.append(entry)
+    return pending
+
+
+def tune_run(
+    run: Path,
+    precision: str,
+    *,
+    registry: list[str] | None = None,
+    progress=None,
+) -> dict[int, list[dict]]:
+    """Tune what the registry has not measured yet in a `fact realize` run directory, import
+    the results into the registry, and return, per pattern index, the verified kernels of this
+    run from fastest to slowest: {kernel, library, config, time_us, error, knobs, source}.
+
+    Kernels measured before come from the registry (source "registry", default launch knobs:
+    the registry keeps no knobs yet); kernels measured now carry their best knobs. The PyTorch
+    candidate's time, when tuned now, is in the row with kernel "pytorch".
+    """
+    from fact.tune import harness
+
+    registry = list(registry or [])
+    plan = json.loads((run / "plan.json").read_text())
+    arch = plan.get("arch", "sm90")
+    entries, _ = harness.load_manifest(run)  # library paths resolved against the run
+    built = [e for e in entries if e.get("library")]
+    by_kernel = {e["kernel"]: e for e in built}
+    pending = unmeasured(run, registry)
+    pending = built if pending is None else [by_kernel[e["kernel"]] for e in pending]
+    # Only GEMM-family kernels go through the harness; the others (row norms) are verified and
+    # timed where they run, in the composed module's context, and listed untimed below.
+    pending = [e for e in pending if e.get("family", "gemm") in GEMM_FAMILIES]
+    fresh: list[dict] = []
+    for index in sorted({e["pattern_index"] for e in pending}):
+        pattern = plan["patterns"][index]
+        entries = [e for e in pending if e["pattern_index"] == index]
+        if progress:
+            progress(f"tuning pattern {index} {pattern.get('signature')}: {len(entries)} kernels")
+        rows = harness.tune(pattern, entries, precision, arch=arch)
+        for row in rows:
+            row["pattern_index"] = index
+        fresh += rows
+    if fresh:
+        results = {"fact_tune_results": 1, "arch": arch, "precision": precision, "rows": fresh}
+        (run / "results.json").write_text(json.dumps(harness.json_safe(results), indent=2) + "\n")
+        export = run / "registry_export.json"
+        export.write_text(
+            json.dumps(harness.json_safe(harness.registry_export(fresh, "fact optimize")), indent=2)
+        )
+        run_engine(["registry", "import", str(export), *registry])
+    known: list[dict] = []
+    try:
+        known = json.loads(run_engine(["registry", "export", *registry]).stdout).get("rows", [])
+    except Exception:  # noqa: BLE001 - no registry: only this run's rows count
+        known = []
+    best: dict[int, list[dict]] = {}
+    for entry in built:
+        index = entry["pattern_index"]
+        pattern = plan["patterns"][index]
+        name = entry["config"].get("name")
+        if pattern.get("family") not in GEMM_FAMILIES:
+            best.setdefault(index, []).append(
+                {
+                    "time_us": None,
+                    "error": None,
+                    "knobs": {},
+                    "source": "realize",
+                    "kernel": entry["kernel"],
+                    "library": entry["library"],
+                    "config": entry["config"],
+                }
+            )
+            continue
+        mine = [
+            r
+            for r in fresh
+            if r.get("pattern_index") == index and r.get("library") == entry["library"]
+        ]
+        if mine:
+            row = mine[0]
+            if row.get("disposition") != "passed":
+                continue
+            cand = {
+                "time_us": row.get("time_us"),
+                "error": row.get("error"),
+                "knobs": row.get("knobs") or {},
+                "source": "tuned",
+            }
+        else:
+            rows = [
+                r
+                for r in known
+                if r.get("disposition") == "passed"
+                and r.get("signature") == pattern["signature"]
+                and r.get("arch") == arch
+                and r.get("problem") == pattern["problem"]
+                and (r.get("config") or {}).get("name") == name
+            ]
+            if not rows:
+                continue
+            row = min(rows, key=lambda r: r.get("time_us") or float("inf"))
+            cand = {
+                "time_us": row.get("time_us"),
+                "error": row.get("error"),
+                "knobs": {},
+                "source": "registry",
+            }
+        cand.update(kernel=entry["kernel"], library=entry["library"], config=entry["config"])
+        best.setdefault(index, []).append(cand)
+    for index, rows in best.items():
+        rows.sort(key=lambda r: r.get("time_us") or float("inf"))
+        torch_rows = [
+            r for r in fresh if r.get("pattern_index") == index and r["kernel"] == "pytorch"
+        ]
+        if torch_rows and torch_rows[0].get("time_us"):
+            rows.append({"kernel": "pytorch", "time_us": torch_rows[0]["time_us"]})
+    return best

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Stage 3 benchmarks on a GPU machine: `fact bench` (eager vs torch.compile vs FACT, one process
+# per problem) for the shipped example blocks. Results and reports go to $OUT (default runs/).
+#
+#   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16 ...]
+#
+# On a machine set up with ./setup.sh everything is found. On a bare GPU machine (no network),
+# point FACT_ENGINE at a fact-engine binary and CUTLASS_DIR at CUTLASS's source tree, and make
+# `python3` one with torch: the package runs from python/ without installation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs}
+RUNS=${RUNS:-$OUT}  # run directories (kernels, logs); reports are copied to $OUT/<job>/
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+ENGINE=${FACT_ENGINE:-build/fact-engine}
+if [ -n "${FACT_REGISTRY:-}" ] && [ ! -f "$FACT_REGISTRY" ]; then
+  "$ENGINE" registry import data/registry_seed.json
+fi
+[ $# -gt 0 ] || set -- minigpt-bf16
+for job in "$@"; do
+  case $job in
+    minigpt-bf16) args=(examples/minigpt_block.py --dtype bf16 --precision high) ;;
+    minigpt-tf32) args=(examples/minigpt_block.py --dtype fp32 --precision high) ;;
+    minigpt-fp32) args=(examples/minigpt_block.py --dtype fp32 --precision highest) ;;
+    llama-bf16) args=(examples/llama3_block.py --dtype bf16 --precision high) ;;
+    *) echo "unknown job $job" >&2; exit 2 ;;
+  esac
+  echo "== $job: fact bench ${args[*]}"
+  start=$(date +%s)
+  mkdir -p "$OUT/$job"
+  "$PY" -m fact bench "${args[@]}" --out "$RUNS/$job" ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/$job.log"
+  echo "== $job: $(( $(date +%s) - start )) s wall (optimize included)" | tee -a "$OUT/$job.log"
+  if [ "$RUNS" != "$OUT" ]; then
+    for f in report.md report.json report.png optimize.json transcript.txt plan.json; do
+      [ -f "$RUNS/$job/$f" ] && cp "$RUNS/$job/$f" "$OUT/$job/"
+    done
+  fi
+done

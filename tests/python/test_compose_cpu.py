@@ -1,0 +1,941 @@
+"""Stage 3 (composition) without a GPU: `fact.optimize` on CPU, with PyTorch twins of the
+generated GEMM kernels (GemmImpl backend "reference", called through the `fact::gemm` custom op)
+and PyTorch's library kernels (SDPA, rms_norm).
+
+What is checked: the composed graph's wiring, that it reads the live model's parameters, that a
+wrong implementation is rejected per pattern and a harmful one falls back end to end, the custom
+op and its fake, several module forms, the report files, the user errors, the CPU path with no
+implementations (and its decision cache), the torch.compile backend and `fact bench` on CPU.
+Every optimize here uses the MiniGPT block at [2, 64, 768] or a smaller module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+import fact
+from fact.compose import report as report_mod
+from fact.compose.impls import GemmImpl, Impl, RmsNormLibrary, library_impls, run_gemm_pattern
+from fact.compose.ops import GemmKernel, kernel_entry, register_kernel
+from fact.compose.optimize import (
+    OptimizedModule,
+    Progress,
+    fresh_inputs,
+    rel_err,
+    tolerances,
+    verify_end_to_end,
+)
+from fact.compose.program import Program, region, replace
+from fact.errors import FactError
+from fact.tune.reference import NotSupportedError, gemm_spec
+from helpers import EXAMPLES, REPO
+
+aten = torch.ops.aten
+SDPA = aten.scaled_dot_product_attention.default
+SOFTMAXES = {aten.softmax.int, aten._softmax.default}
+X_SHAPE = (2, 64, 768)  # the MiniGPT block at a CPU-friendly size (its tril buffer is sliced)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Each test has its own decision cache (FACT_CACHE_DIR), so nothing leaks between tests."""
+    monkeypatch.setenv("FACT_CACHE_DIR", str(tmp_path / "fact-cache"))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """optimize runs `fact-engine discover`; skip everything that optimizes without it."""
+    from fact.engine import find_engine
+    from fact.errors import EngineNotFoundError
+
+    try:
+        return find_engine()
+    except EngineNotFoundError as exc:
+        pytest.skip(f"needs fact-engine: {exc}")
+
+
+@pytest.fixture(scope="module")
+def minigpt_module():
+    """examples/minigpt_block.py, imported (Model, get_init_inputs)."""
+    spec = importlib.util.spec_from_file_location(
+        "fact_test_minigpt_block", EXAMPLES / "minigpt_block.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def new_minigpt(minigpt_module, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = minigpt_module.Model(*minigpt_module.get_init_inputs()).eval()
+    return model, torch.randn(*X_SHAPE)
+
+
+def reference_twins(index: int, pattern: dict) -> list[Impl]:
+    """The PyTorch twin of a generated kernel for every GEMM pattern."""
+    return [GemmImpl(pattern, "reference", label="ref")] if pattern["family"] == "gemm" else []
+
+
+def calls(gm: fx.GraphModule, target) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+
+
+def targets(gm: fx.GraphModule) -> set:
+    return {n.target for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def by_family(report: dict, family: str) -> list[dict]:
+    return [p for p in report["patterns"] if p["family"] == family]
+
+
+def eager(model: nn.Module, *args):
+    with torch.no_grad():
+        return model(*args)
+
+
+@pytest.fixture(scope="module")
+def ref_opt(engine, minigpt_module, tmp_path_factory):
+    """MiniGPT optimized with the reference GEMM twins: (model, x, opt, run_dir). Shared: a test
+    that changes the model restores it."""
+    run_dir = tmp_path_factory.mktemp("ref-run")
+    model, x = new_minigpt(minigpt_module, seed=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FACT_CACHE_DIR", str(tmp_path_factory.mktemp("ref-cache")))
+        opt = fact.optimize(
+            model,
+            [x],
+            precision="highest",
+            implementations=reference_twins,
+            require_faster=False,
+            run_dir=run_dir,
+            quiet=True,
+        )
+    return model, x, opt, run_dir
+
+
+# Implementations that are wrong on purpose
+
+
+class ScaledGemm(GemmImpl):
+    """The reference twin, times 1.1: wrong by 10 %."""
+
+    def __init__(self, pattern):
+        super().__init__(pattern, "reference", label="scaled")
+
+    def emit(self, graph, reg, pattern):
+        node = super().emit(graph, reg, pattern)
+        return graph.call_function(aten.mul.Tensor, (node, 1.1))
+
+
+class OffsetGemm(GemmImpl):
+    """The reference twin plus a constant: wrong by a little everywhere."""
+
+    def __init__(self, pattern, offset: float):
+        super().__init__(pattern, "reference", label="offset")
+        self.offset = offset
+
+    def emit(self, graph, reg, pattern):
+        node = super().emit(graph, reg, pattern)
+        return graph.call_function(aten.add.Tensor, (node, self.offset))
+
+
+class BrokenImpl(Impl):
+    """An implementation whose emit fails."""
+
+    def __init__(self):
+        super().__init__("broken", "generated")
+
+    def emit(self, graph, reg, pattern):
+        raise RuntimeError("broken emit on purpose")
+
+
+def _slow_identity(t: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.003)
+    return t
+
+
+class SlowGemm(GemmImpl):
+    """The reference twin, correct but 3 ms slower per call than anything it replaces here."""
+
+    def __init__(self, pattern):
+        super().__init__(pattern, "reference", label="slow")
+
+    def emit(self, graph, reg, pattern):
+        return graph.call_function(_slow_identity, (super().emit(graph, reg, pattern),))
+
+
+# Small modules
+
+
+class LinearTail(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 128)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2.0
+
+
+class BatchedMatmul(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 64, 32) * 0.1)
+
+    def forward(self, x):
+        return torch.matmul(x, self.w)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int = 64, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return h.type_as(x) * self.weight
+
+
+class TwoLayerMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 64)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x))) + x
+
+
+class Counter(nn.Module):
+    """Counts its calls in a buffer: a side effect FACT refuses to compose."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.fc(x)
+
+
+class SmallGelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 64)
+
+    def forward(self, x):
+        return F.gelu(self.fc(x)) + 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Wiring
+
+
+def test_minigpt_reference_twins_are_wired_into_the_graph(ref_opt):
+    model, x, opt, run_dir = ref_opt
+    gm = opt.graph_module
+    gemms = calls(gm, run_gemm_pattern)
+    assert len(gemms) == 4, gm.code
+    assert len(calls(gm, SDPA)) == 1, gm.code
+    assert not (targets(gm) & SOFTMAXES), "the hand-written softmax is still in the graph"
+    assert aten.linear.default not in targets(gm), "a Linear was left unreplaced"
+    for node in gemms:  # each call names a reference entry of the kernel table
+        assert node.kwargs["form"] == "linear"
+        assert kernel_entry(node.kwargs["kernel"]).backend == "reference"
+    # the causal mask became is_causal, with the block's 1/sqrt(96) scale
+    (sdpa,) = calls(gm, SDPA)
+    assert sdpa.kwargs["is_causal"] is True
+    assert sdpa.kwargs["scale"] == pytest.approx(96**-0.5)
+
+
+def test_minigpt_reference_twins_match_eager_on_fresh_inputs(ref_opt):
+    model, x, opt, _ = ref_opt
+    assert isinstance(opt, OptimizedModule)
+    for seed in (1, 2):
+        inputs = fresh_inputs([x], seed)
+        assert not torch.equal(inputs[0], x)
+        out = opt(*inputs)
+        assert out.shape == X_SHAPE and out.dtype == torch.float32
+        assert rel_err(out, eager(model, *inputs)) < 1e-5
+
+
+def test_minigpt_reference_twins_report_and_decisions(ref_opt):
+    _, _, opt, run_dir = ref_opt
+    report = opt.report
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert report["replaced"] == 5
+    assert len(report["patterns"]) == len(plan["patterns"]) == 7
+    assert [p["index"] for p in report["patterns"]] == list(range(7))
+    chosen = sorted(p["chosen"] for p in report["patterns"])
+    assert chosen == ["pytorch"] * 2 + ["reference:ref"] * 4 + ["sdpa"]
+    for p in report["patterns"]:
+        if p["chosen"] == "pytorch":
+            assert p["kind"] == "pytorch"
+            assert p["reason"], f"pattern {p['index']} kept as PyTorch without a reason"
+        else:
+            assert not p.get("fallback")
+            assert p["error"] is not None and p["error"] <= 1e-5
+            assert p["time_us"] > 0 and p["eager_us"] > 0
+    for p in by_family(report, "gemm"):
+        assert p["kind"] == "generated"
+    (attention,) = by_family(report, "attention")
+    assert (attention["chosen"], attention["kind"]) == ("sdpa", "library")
+    for p in by_family(report, "norm"):  # LayerNorm: generated kernels only, and no GPU here
+        assert p["chosen"] == "pytorch" and p["reason"].startswith("no GPU")
+    ver = report["verification"]
+    assert ver["passed"] and ver["reference"] == "float64" and ver["error"] <= ver["bound"]
+    assert len(ver["attempts"]) == 1 and sorted(ver["attempts"][0]["patterns"]) == [0, 1, 2, 3, 4]
+    assert report["warm"] is False and report["cuda_graphs"] is False
+    # the run directory holds the plan, the graph, the report and the transcript
+    saved = json.loads((run_dir / "optimize.json").read_text())
+    assert saved["replaced"] == 5 and saved["model"] == "Model"
+    assert (run_dir / "graph.json").is_file()
+    assert "end-to-end check" in (run_dir / "transcript.txt").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Parameter sharing
+
+
+def test_optimized_module_reads_the_live_parameters(engine, minigpt_module, tmp_path):
+    model, x = new_minigpt(minigpt_module, seed=3)
+    opt = fact.optimize(
+        model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    assert opt.report["replaced"] == 5
+    params = list(opt.parameters())
+    assert len(params) == len(list(model.parameters()))
+    assert all(a is b for a, b in zip(params, model.parameters(), strict=True))
+    state = opt.state_dict()
+    assert state["original.mlp.c_fc.weight"].data_ptr() == model.mlp.c_fc.weight.data_ptr()
+
+    before = opt(x)
+    assert rel_err(before, eager(model, x)) < 1e-5
+    # an in-place update of a weight a generated GEMM reads
+    with torch.no_grad():
+        model.mlp.c_fc.weight.mul_(2)
+    after = opt(x)
+    assert rel_err(after, before) > 1e-3, "the optimized module did not see the in-place update"
+    assert rel_err(after, eager(model, x)) < 1e-5
+    # a new Parameter assigned to the attribute
+    new_weight = nn.Parameter(torch.randn_like(model.attn.c_proj.weight) * 0.05)
+    model.attn.c_proj.weight = new_weight
+    model.attn.c_proj.bias = nn.Parameter(torch.randn_like(model.attn.c_proj.bias))
+    replaced = opt(x)
+    assert rel_err(replaced, after) > 1e-3, "the optimized module did not see the new Parameter"
+    assert rel_err(replaced, eager(model, x)) < 1e-5
+    assert any(p is new_weight for p in opt.parameters())
+
+
+def test_in_place_update_of_the_causal_mask_buffer_is_seen(ref_opt):
+    """The plan baked the tril buffer in as is_causal=True: after the buffer changes, the module
+    says so once and runs the original graph, which reads the buffer."""
+    model, x, opt, _ = ref_opt
+    saved = model.attn.bias.clone()
+    before = eager(model, x)
+    assert rel_err(opt(x), before) < 1e-5
+    try:
+        with torch.no_grad():
+            model.attn.bias.fill_(1.0)  # no mask at all: eager attends to the future now
+        assert rel_err(eager(model, x), before) > 1e-3  # the update matters to eager
+        with pytest.warns(UserWarning, match=r"buffers \['attn.bias'\] changed after optimize"):
+            assert rel_err(opt(x), eager(model, x)) < 1e-5
+    finally:
+        with torch.no_grad():
+            model.attn.bias.copy_(saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Fallback
+
+
+def test_wrong_implementations_are_rejected_per_pattern(engine, tmp_path):
+    torch.manual_seed(4)
+    model, x = TwoLayerMLP().eval(), torch.randn(2, 16, 64)
+    offered = {}
+
+    def impls(index, pattern):
+        if pattern["family"] != "gemm":
+            return []
+        if "relu" in pattern["signature"]:
+            offered[index] = "scaled"
+            return [ScaledGemm(pattern)]
+        offered[index] = "broken+ref"
+        return [BrokenImpl(), GemmImpl(pattern, "reference", label="ref")]
+
+    opt = fact.optimize(
+        model, [x], implementations=impls, require_faster=False, run_dir=tmp_path / "r"
+    )
+    assert sorted(offered.values()) == ["broken+ref", "scaled"]
+    patterns = {p["index"]: p for p in opt.report["patterns"]}
+    scaled = patterns[next(i for i, v in offered.items() if v == "scaled")]
+    assert scaled["chosen"] == "pytorch"
+    assert scaled["reason"].startswith("kept PyTorch (reference:scaled: error ")
+    assert "exceeds 1e-05" in scaled["reason"]
+    (cand,) = scaled["candidates"]
+    assert not cand["ok"] and cand["error"] == pytest.approx(0.1, rel=1e-3)
+    other = patterns[next(i for i, v in offered.items() if v == "broken+ref")]
+    assert other["chosen"] == "reference:ref"
+    broken, ref = other["candidates"]
+    assert not broken["ok"]
+    assert broken["message"] == "RuntimeError: broken emit on purpose"
+    assert ref["ok"] and ref["error"] < 1e-6
+    assert opt.report["replaced"] == 1
+    assert len(calls(opt.graph_module, run_gemm_pattern)) == 1
+    assert aten.mul.Tensor not in targets(opt.graph_module)  # the * 1.1 never made it in
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_require_faster_keeps_pytorch_when_the_implementation_is_slower(engine, tmp_path):
+    torch.manual_seed(5)
+    model, x = LinearTail().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(
+        model,
+        [x],
+        implementations=lambda i, p: [SlowGemm(p)] if p["family"] == "gemm" else [],
+        require_faster=True,
+        run_dir=tmp_path / "r",
+    )
+    (p,) = opt.report["patterns"]
+    assert p["chosen"] == "pytorch"
+    assert "reference:slow: slower than the PyTorch subgraph" in p["reason"]
+    assert p["candidates"][0]["time_us"] > p["eager_us"]
+    assert opt.report["replaced"] == 0
+    assert not calls(opt.graph_module, run_gemm_pattern)
+    assert rel_err(opt(x), eager(model, x)) == 0.0
+
+
+def test_verify_end_to_end_falls_back_on_a_pattern_that_breaks_the_module(ref_opt):
+    model, x, opt, run_dir = ref_opt
+    program = opt._program
+    plan = json.loads((run_dir / "plan.json").read_text())
+    patterns = plan["patterns"]
+    final = next(n for n in program.graph_module.graph.nodes if n.op == "output").args[0][0].name
+    bad_index = next(i for i, p in enumerate(patterns) if p["output"] == final)
+    good_index = next(i for i, p in enumerate(patterns) if "gelu" in p["signature"])
+    assert patterns[bad_index]["family"] == patterns[good_index]["family"] == "gemm"
+    decisions = []
+    for i, p in enumerate(patterns):
+        d = {"index": i, "family": p["family"], "reason": ""}
+        if i == good_index:
+            d.update(impl=GemmImpl(p, "reference", label="good"), error=1e-7)
+        elif i == bad_index:  # claims a tiny per-pattern error; adds 0.01 to the block's output
+            d.update(impl=OffsetGemm(p, 0.01), error=5e-6)
+        decisions.append(d)
+    tol = tolerances(torch.float32, "highest")[1]
+    assert tol == 1e-4
+    gm, record = verify_end_to_end(model, program, plan, decisions, [x], tol, Progress(quiet=True))
+
+    assert record["passed"] is True and record["error"] <= record["bound"]
+    assert record["reference"] == "float64" and record["bound"] == pytest.approx(1e-4)
+    first, last = record["attempts"]
+    assert sorted(first["patterns"]) == sorted([good_index, bad_index])
+    assert first["error"] > 1e-3  # the offset broke the module end to end
+    assert last["patterns"] == [good_index] and last["error"] < 1e-6
+    bad, good = decisions[bad_index], decisions[good_index]
+    assert bad["fallback"] is True
+    assert bad["reason"].startswith("fell back to PyTorch: the module's end-to-end error was ")
+    assert "bound 0.0001" in bad["reason"]
+    assert not good.get("fallback")
+    assert len(calls(gm, run_gemm_pattern)) == 1
+    assert aten.add.Tensor in targets(gm)  # the bad pattern's residual add is back
+    inputs = fresh_inputs([x], 9)
+    out = program.unflatten(list(gm(*program.state_inputs(), *program.flatten(inputs))))
+    assert rel_err(out, eager(model, *inputs)) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. The custom op
+
+
+BIAS_RELU = {
+    "family": "gemm",
+    "rule": "gemm_epilogue",
+    "problem": {"batch": 1, "m": 32, "n": 48, "k": 16},
+    "attrs": {
+        "dtype_a": "f32",
+        "dtype_b": "f32",
+        "dtype_out": "f32",
+        "layout_a": "row",
+        "layout_b": "row",
+    },
+    "operands": [
+        {"node": "x", "role": "a", "type": "f32[32, 16]"},
+        {"node": "w", "role": "b", "type": "f32[16, 48]"},
+        {"node": "bias", "role": "bias", "broadcast": "row", "type": "f32[48]"},
+    ],
+    "epilogue": ["bias", "relu"],
+    "epilogue_expr": {
+        "ssa": [
+            {"id": 0, "op": "acc"},
+            {"id": 1, "op": "operand", "index": 0},
+            {"id": 2, "op": "add", "args": [0, 1]},
+            {"id": 3, "op": "relu", "args": [2]},
+        ],
+        "text": "relu(acc + bias)",
+    },
+    "signature": "gemm[bias+relu]:f32,f32->f32:row,row",
+}
+
+
+def test_fact_gemm_reference_kernel_matches_torch():
+    handle = register_kernel(GemmKernel(gemm_spec(BIAS_RELU), "reference", label="bias_relu"))
+    assert kernel_entry(handle).label == "bias_relu"
+    torch.manual_seed(6)
+    a, b, bias = torch.randn(32, 16), torch.randn(16, 48), torch.randn(48)
+    out = torch.ops.fact.gemm(a, b, [bias], handle)
+    expected = torch.relu(a @ b + bias)
+    assert out.shape == (32, 48) and out.dtype == torch.float32
+    assert (out == 0).any() and (out > 0).any()  # the relu did something
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # batched, with a column-major B view
+    a3, b3 = torch.randn(3, 32, 16), torch.randn(3, 48, 16).transpose(1, 2)
+    out3 = torch.ops.fact.gemm(a3, b3, [bias], handle)
+    torch.testing.assert_close(out3, torch.relu(torch.bmm(a3, b3) + bias), rtol=1e-5, atol=1e-5)
+
+
+def test_fact_gemm_fake_impl_and_opcheck():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    handle = register_kernel(GemmKernel(gemm_spec(BIAS_RELU), "reference"))
+    half_out = dict(BIAS_RELU, attrs=dict(BIAS_RELU["attrs"], dtype_out="bf16"))
+    handle_bf16 = register_kernel(GemmKernel(gemm_spec(half_out), "reference"))
+    a, b, bias = torch.randn(32, 16), torch.randn(16, 48), torch.randn(48)
+    a3, b3 = torch.randn(3, 32, 16), torch.randn(3, 16, 48)
+    with FakeTensorMode() as mode:
+        fa, fb, fbias = mode.from_tensor(a), mode.from_tensor(b), mode.from_tensor(bias)
+        fa3, fb3 = mode.from_tensor(a3), mode.from_tensor(b3)
+        out = torch.ops.fact.gemm(fa, fb, [fbias], handle)
+        out3 = torch.ops.fact.gemm(fa3, fb3, [fbias], handle)
+        out_bf16 = torch.ops.fact.gemm(fa, fb, [fbias], handle_bf16)
+    assert isinstance(out, FakeTensor)
+    assert (out.shape, out.dtype) == ((32, 48), torch.float32)
+    assert (out3.shape, out3.dtype) == ((3, 32, 48), torch.float32)
+    assert (out_bf16.shape, out_bf16.dtype) == ((32, 48), torch.bfloat16)
+    real = torch.ops.fact.gemm(a, b, [bias], handle_bf16)
+    assert real.dtype == torch.bfloat16  # the fake agrees with the real op
+    for args in [(a, b, [bias], handle), (a3, b3, [bias], handle)]:
+        result = torch.library.opcheck(torch.ops.fact.gemm.default, args)
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_kernel_table_rejects_bad_entries():
+    spec = gemm_spec(BIAS_RELU)
+    with pytest.raises(FactError, match="backend 'triton'"):
+        register_kernel(GemmKernel(spec, "triton"))
+    with pytest.raises(FactError, match="needs its loaded library"):
+        register_kernel(GemmKernel(spec, "cutlass"))
+    with pytest.raises(FactError, match="no kernel with handle"):
+        kernel_entry(10**9)
+    with pytest.raises(NotSupportedError):
+        GemmImpl(dict(BIAS_RELU, family="attention"), "reference")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Module forms
+
+
+def test_linear_with_pointwise_tail(engine, tmp_path):
+    torch.manual_seed(7)
+    model, x = LinearTail().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(
+        model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    (p,) = opt.report["patterns"]
+    assert p["family"] == "gemm" and "relu" in p["signature"] and "bias" in p["signature"]
+    assert p["chosen"] == "reference:ref" and p["kind"] == "generated"
+    (node,) = calls(opt.graph_module, run_gemm_pattern)
+    assert node.kwargs["form"] == "linear" and node.kwargs["out_shape"] == [4, 16, 128]
+    assert not (targets(opt.graph_module) & {aten.relu.default, aten.linear.default})
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
+
+
+def test_batched_matmul(engine, tmp_path):
+    torch.manual_seed(8)
+    model, x = BatchedMatmul().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(
+        model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    (p,) = opt.report["patterns"]
+    assert p["family"] == "gemm" and p["chosen"] == "reference:ref"
+    (node,) = calls(opt.graph_module, run_gemm_pattern)
+    assert node.kwargs["form"] == "matmul"
+    assert kernel_entry(node.kwargs["kernel"]).spec.problem["batch"] == 4
+    y = torch.randn_like(x)
+    out = opt(y)
+    assert out.shape == (4, 16, 32)
+    assert rel_err(out, eager(model, y)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hand_written_rms_norm_runs_as_torch_rms_norm(engine, tmp_path, dtype):
+    torch.manual_seed(9)
+    model = RMSNorm().to(dtype).eval()
+    x = torch.randn(4, 16, 64, dtype=dtype)
+    opt = fact.optimize(
+        model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    (p,) = opt.report["patterns"]
+    assert p["family"] == "norm" and "rms_norm" in p["signature"]
+    assert (p["chosen"], p["kind"]) == ("rms_norm", "library")
+    assert p["error"] <= tolerances(dtype, "highest")[0]
+    (node,) = calls(opt.graph_module, aten.rms_norm.default)
+    assert node.args[3] == pytest.approx(1e-6)
+    assert aten.rsqrt.default not in targets(opt.graph_module)
+    y = torch.randn_like(x)
+    out, ref = opt(y), eager(model, y)
+    assert out.dtype == ref.dtype == dtype
+    assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_library_impls_apply_by_family_and_kind(ref_opt):
+    _, _, _, run_dir = ref_opt
+    plan = json.loads((run_dir / "plan.json").read_text())
+    for p in plan["patterns"]:
+        names = [i.name for i in library_impls(p)]
+        assert names == {"attention": ["sdpa"]}.get(p["family"], []), (p["signature"], names)
+    norm = next(p for p in plan["patterns"] if p["family"] == "norm")
+    with pytest.raises(NotSupportedError, match="layer_norm"):
+        RmsNormLibrary(norm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph surgery
+
+
+def test_region_and_replace_with_aliases():
+    torch.manual_seed(10)
+    model, x = TwoLayerMLP().eval(), torch.randn(2, 16, 64)
+    program = Program(model, torch.export.export(model, (x,), strict=False))
+    graph = program.copy_graph()
+    names = [n.name for n in graph.nodes if n.op == "call_function"]
+    assert names == ["linear", "relu", "linear_1", "add"]
+    # an inner node read outside the pattern cannot be replaced as a whole
+    with pytest.raises(FactError, match="also read outside the pattern"):
+        region(graph, {"nodes": ["linear", "relu", "linear_1"], "output": "relu"})
+    with pytest.raises(FactError, match="stale plan"):
+        region(graph, {"nodes": ["linear_9"], "output": "linear_9"})
+    reg = region(graph, {"nodes": ["linear", "relu"], "output": "relu"})
+    assert [n.name for n in reg.inputs] == ["x", "p_fc1_weight", "p_fc1_bias"]
+    with pytest.raises(FactError, match="not an input"):
+        reg.input("relu")
+
+    aliases: dict = {}
+
+    def emit_relu_linear(g, r, pattern):
+        lin = g.call_function(aten.linear.default, (r.input("x"), r.inputs[1], r.inputs[2]))
+        return g.call_function(aten.clamp_min.default, (lin, 0.0))
+
+    new = replace(graph, {"nodes": ["linear", "relu"], "output": "relu"}, emit_relu_linear, aliases)
+    assert aliases == {"relu": new} and "val" in new.meta
+    # a later pattern that reads the old output name finds the replacement through the alias
+    reg2 = region(graph, {"nodes": ["linear_1", "add"], "output": "add"}, aliases)
+    assert reg2.input("relu") is new
+    names = [n.name for n in graph.nodes if n.op == "call_function"]
+    assert "relu" not in names and "linear" not in names
+    gm = program.module(graph)
+    out = program.unflatten(list(gm(*program.inputs([x]))))
+    assert rel_err(out, eager(model, x)) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Report
+
+
+def result(name: str, time_us: float, rel: float, max_abs: float, note: str = "") -> dict:
+    """One row of a bench's results, as compose/bench.py writes it."""
+    return {
+        "name": name,
+        "time_us": time_us,
+        "rel_error": rel,
+        "max_abs_error": max_abs,
+        "note": note,
+    }
+
+
+def test_report_writes_markdown_json_and_a_rendered_chart(ref_opt, tmp_path):
+    pytest.importorskip("matplotlib")
+    _, _, opt, _ = ref_opt
+    bench = {
+        "fact_bench": 1,
+        "problem": "examples/minigpt_block.py",
+        "model": "Model",
+        "dtype": "float32",
+        "precision": "highest",
+        "command": "fact bench examples/minigpt_block.py",
+        "created": "2025-01-01T00:00:00+00:00",
+        "fact_version": fact.__version__,
+        "environment": {"gpu": "NVIDIA H200", "torch": torch.__version__, "cuda": "12.8"},
+        "reps": 30,
+        "results": [
+            result("eager", 2000.0, 1.2e-7, 3e-6),
+            result("torch.compile", 1500.0, 2.0e-7, 4e-6),
+            result("fact", 1000.0, 1.5e-7, 3.5e-6, "CUDA graph replay"),
+        ],
+        "optimize": json.loads(json.dumps(opt.report, default=str)),
+    }
+    files = report_mod.write(bench, tmp_path / "report")
+    assert set(files) == {"md", "json", "png"}
+
+    md = files["md"].read_text()
+    lines = md.splitlines()
+    assert "| module | time (ms) | vs eager | vs torch.compile | max abs error | rel error |" in md
+    assert "| fact | 1.000 | 2.00x | 1.50x | 3.50e-06 | 1.50e-07 |" in lines
+    assert "| eager | 2.000 | 1.00x | 0.75x | 3.00e-06 | 1.20e-07 |" in lines
+    assert (
+        "| # | pattern | runs as | PyTorch subgraph (ms) | FACT (ms) | speedup | error | note |"
+        in md
+    )
+    for p in opt.report["patterns"]:
+        rows = [ln for ln in lines if ln.startswith(f"| {p['index']} | `{p['signature']}` | ")]
+        assert len(rows) == 1, f"no single row for pattern {p['index']}"
+        if p["chosen"] == "sdpa":
+            assert "| sdpa (library kernel) |" in rows[0]
+        elif p["chosen"] == "pytorch":
+            assert p["reason"] in rows[0]
+        else:
+            assert "(generated kernel)" in rows[0]
+    assert "FACT replaced 5 of 7 patterns" in md
+    assert "passed." in md and "![per-pattern time](report.png)" in md
+
+    assert json.loads(files["json"].read_text()) == bench
+
+    data = files["png"].read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > height > 100
+    assert len(data) > 10_000
+
+
+def test_report_markdown_marks_a_fallback(ref_opt):
+    _, _, opt, _ = ref_opt
+    report = json.loads(json.dumps(opt.report, default=str))
+    target = next(p for p in report["patterns"] if p["family"] == "gemm")
+    target["fallback"] = True
+    target["reason"] = "fell back to PyTorch: the module's end-to-end error was 0.5 (bound 1e-4)"
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    (row,) = [ln for ln in md.splitlines() if ln.startswith(f"| {target['index']} | ")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "pytorch (fallback)"
+    assert cells[4] == "-" and cells[5] == "-"  # no FACT time, no speedup for a fallback
+    assert "fell back to PyTorch" in cells[7]
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. Errors
+
+
+def test_optimize_refuses_a_module_that_mutates_a_buffer(engine, tmp_path):
+    model = Counter().eval()
+    with pytest.raises(FactError, match="Counter writes to buffer calls while it runs"):
+        fact.optimize(model, [torch.randn(2, 8)], quiet=True, run_dir=tmp_path / "r")
+    assert float(model.calls) == 0.0  # and optimize ran nothing with side effects
+
+
+def test_program_refuses_a_functionalized_buffer_mutation():
+    model = Counter().eval()
+    exported = torch.export.export(model, (torch.randn(2, 8),), strict=False)
+    functional = exported.run_decompositions({})  # the mutation as a BUFFER_MUTATION output
+    with pytest.raises(FactError, match=r"Counter mutates its own state .*buffer_mutation"):
+        Program(model, functional)
+
+
+def test_optimize_refuses_training_mode_dropout(engine, tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
+    with pytest.raises(FactError, match=r"draws random numbers .*dropout.*model.eval\(\)"):
+        fact.optimize(model, [torch.randn(2, 8)], quiet=True, run_dir=tmp_path / "r")
+
+
+def test_calling_with_a_different_argument_structure_raises(engine, tmp_path):
+    torch.manual_seed(11)
+    model, x = SmallGelu().eval(), torch.randn(4, 32)
+    opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", require_faster=False)
+    assert rel_err(opt(x), eager(model, x)) < 1e-6
+    for args, kwargs in [((x, x), {}), (([x],), {}), ((), {"x": x}), ((), {})]:
+        with pytest.raises(FactError, match="SmallGelu was built for calls shaped like"):
+            opt(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. The CPU path without implementations, and the decision cache
+
+
+def test_cpu_optimize_without_implementations(engine, minigpt_module, tmp_path):
+    model, x = new_minigpt(minigpt_module, seed=12)
+    opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", require_faster=False)
+    report = opt.report
+    gemms = by_family(report, "gemm")
+    assert len(gemms) == 4
+    for p in gemms:
+        assert p["chosen"] == "pytorch" and "no GPU" in p["reason"]
+    (attention,) = by_family(report, "attention")
+    assert (attention["chosen"], attention["kind"]) == ("sdpa", "library")
+    assert report["replaced"] == 1 and report["warm"] is False
+    assert not calls(opt.graph_module, run_gemm_pattern)
+    assert len(calls(opt.graph_module, SDPA)) == 1
+    inputs = fresh_inputs([x], 3)
+    assert rel_err(opt(*inputs), eager(model, *inputs)) < 1e-5
+    decisions = list((tmp_path / "fact-cache" / "decisions").glob("*.json"))
+    assert len(decisions) == 1
+
+    # a second optimize of the same architecture reuses the decisions: nothing is re-planned
+    model2, x2 = new_minigpt(minigpt_module, seed=13)
+    warm = fact.optimize(model2, [x2], quiet=True, run_dir=tmp_path / "r2", require_faster=False)
+    assert warm.report["warm"] is True
+    assert any("warm: reusing the decisions" in line for line in warm.report["transcript"])
+    assert not (tmp_path / "r2" / "plan.json").exists()
+    assert [p["chosen"] for p in warm.report["patterns"]] == [
+        p["chosen"] for p in report["patterns"]
+    ]
+    assert len(calls(warm.graph_module, SDPA)) == 1
+    assert rel_err(warm(*inputs), eager(model2, *inputs)) < 1e-5
+    assert rel_err(warm(*inputs), opt(*inputs)) > 1e-2  # different weights, its own
+
+
+def test_cpu_optimize_require_faster_keeps_a_reason(engine, minigpt_module, tmp_path):
+    model, x = new_minigpt(minigpt_module, seed=14)
+    opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", use_cache=False)
+    (attention,) = by_family(opt.report, "attention")
+    if attention["chosen"] == "pytorch":  # CPU timings decide; either way it is explained
+        assert "sdpa: slower than the PyTorch subgraph" in attention["reason"]
+    else:
+        assert attention["chosen"] == "sdpa" and attention["time_us"] < attention["eager_us"]
+    assert not (tmp_path / "fact-cache" / "decisions").exists()  # use_cache=False writes none
+    assert rel_err(opt(x), eager(model, x)) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. The torch.compile backend
+
+
+@pytest.fixture
+def dynamo_reset():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_torch_compile_backend_fact(engine, dynamo_reset, monkeypatch):
+    import fact.backend  # noqa: F401 - registers backend="fact"
+    import fact.compose.optimize as optimize_mod
+
+    built = []
+    real_optimize = optimize_mod.optimize
+
+    def spy(*args, **kwargs):
+        out = real_optimize(*args, **kwargs)
+        built.append(out)
+        return out
+
+    monkeypatch.setattr(optimize_mod, "optimize", spy)
+    runs = []
+    real_forward = OptimizedModule.forward
+
+    def counting_forward(self, *args, **kwargs):
+        runs.append(self)
+        return real_forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(OptimizedModule, "forward", counting_forward)
+    torch.manual_seed(15)
+    model, x = SmallGelu().eval(), torch.randn(4, 32)
+    compiled = torch.compile(model, backend="fact")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(x)
+    assert rel_err(out, eager(model, x)) < 1e-6
+    assert built, "torch.compile never called FACT's backend"
+    fell_back = [w for w in caught if "FACT could not optimize" in str(w.message)]
+    if not fell_back:  # then the composed module is what ran
+        assert all(isinstance(m, OptimizedModule) for m in built)
+        assert runs and runs[0] is built[0]
+    y = torch.randn(4, 32)
+    assert rel_err(compiled(y), eager(model, y)) < 1e-6
+
+
+def test_torch_compile_backend_falls_back_to_the_captured_graph(dynamo_reset, monkeypatch):
+    import fact.backend  # noqa: F401
+    import fact.compose.optimize as optimize_mod
+
+    def refuse(*args, **kwargs):
+        raise FactError("refused on purpose")
+
+    monkeypatch.setattr(optimize_mod, "optimize", refuse)
+    torch.manual_seed(16)
+    model, x = SmallGelu().eval(), torch.randn(4, 32)
+    compiled = torch.compile(model, backend="fact")
+    with pytest.warns(UserWarning, match="runs as captured: refused on purpose"):
+        out = compiled(x)
+    assert rel_err(out, eager(model, x)) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. fact bench on a machine without a GPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_fact_bench_without_cuda_exits_2(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), CUDA_VISIBLE_DEVICES="")
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fact", "bench", "examples/minigpt_block.py", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "fact: error:" in proc.stderr and "no CUDA device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not Path(out).exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers of optimize
+
+
+def test_rel_err_tolerances_and_fresh_inputs():
+    a = torch.ones(4)
+    assert rel_err(a, a) == 0.0
+    assert rel_err(a * 1.01, a) == pytest.approx(0.01)
+    assert rel_err(torch.tensor([1.0, float("nan")]), a[:2]) == float("inf")
+    assert rel_err(a, torch.ones(5)) == float("inf")
+    assert rel_err((a, a), (a,)) == float("inf")
+    assert tolerances(torch.bfloat16, "highest") == (2e-2, 2e-2)
+    assert tolerances(torch.float32, "highest") == (1e-5, 1e-4)
+    assert tolerances(torch.float32, "high") == (2e-3, 5e-3)
+    with pytest.raises(FactError, match="precision 'fast'"):
+        tolerances(torch.float32, "fast")
+    ids = torch.arange(6)
+    x = torch.randn(64, 32) * 3 + 5
+    fresh = fresh_inputs([x, ids, 7], seed=0)
+    assert fresh[1] is ids and fresh[2] == 7
+    assert fresh[0].shape == x.shape and fresh[0].dtype == x.dtype
+    assert not torch.equal(fresh[0], x)
+    assert float(fresh[0].mean()) == pytest.approx(5, abs=0.5)
+    assert float(fresh[0].std()) == pytest.approx(3, rel=0.1)
+    assert torch.equal(fresh_inputs([x], seed=0)[0], fresh[0])
+    assert not torch.equal(fresh_inputs([x], seed=1)[0], fresh[0])
