@@ -179,8 +179,9 @@ int run_registry_command(const RegistryCommand& cmd, std::ostream& out) {
     registry::check_export(doc, cmd.file);
     auto reg = registry::Registry::open_writable(path);
     const auto stats = reg.import_json(doc, cmd.file);
-    out << cmd.file << ": " << stats.rows << " rows, " << stats.inserted << " imported, " << stats.skipped
-        << " already present (registry " << path << " now has " << reg.count() << " rows)\n";
+    out << cmd.file << ": " << stats.rows << " rows, " << stats.inserted << " imported, " << stats.updated
+        << " updated (measured later), " << stats.skipped << " already present (registry " << path << " now has "
+        << reg.count() << " rows)\n";
     return 0;
   }
   throw InternalError("registry command: unknown action '" + cmd.action + "'");

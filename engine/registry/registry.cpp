@@ -57,9 +57,14 @@ double distance(const nlohmann::json& a, const nlohmann::json& b) {
   return shared ? d : INFINITY;
 }
 
-// The columns an Entry is read from, in this order.
+// The columns an Entry is read from, in this order (knobs last: Registry::columns()).
 constexpr const char* kEntryColumns =
     "id, signature, arch, problem, config, time_us, error, disposition, provenance, created";
+
+nlohmann::json json_object_or_empty(const std::string& text) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
 
 Entry read_entry(const Stmt& q) {
   Entry e;
@@ -77,14 +82,15 @@ Entry read_entry(const Stmt& q) {
   e.row.disposition = q.text(7);
   e.row.provenance = q.text(8);
   e.created = q.text(9);
+  e.row.knobs = json_object_or_empty(q.text(10));
   return e;
 }
 
 // Writes one row; the caller holds the transaction. `created` empty: now.
 void insert_row(sqlite3* db, const std::string& path, const Row& row, const std::string& created) {
   Stmt q(db, path,
-         "INSERT INTO results(signature, arch, problem, config, time_us, error, disposition, provenance, created)"
-         " VALUES(?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, datetime('now')))");
+         "INSERT INTO results(signature, arch, problem, config, time_us, error, disposition, provenance, created,"
+         " knobs) VALUES(?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, datetime('now')), ?)");
   q.bind(1, row.signature);
   q.bind(2, row.arch);
   q.bind(3, row.problem.dump());
@@ -94,6 +100,7 @@ void insert_row(sqlite3* db, const std::string& path, const Row& row, const std:
   q.bind(7, row.disposition);
   q.bind(8, row.provenance);
   if (!created.empty()) q.bind(9, created);  // unbound parameters are NULL
+  q.bind(10, row.knobs.dump());
   if (sqlite3_step(q.s) != SQLITE_DONE) fail(db, path, "insert failed");
 }
 
@@ -124,7 +131,8 @@ nlohmann::json Entry::to_json() const {
           {"error", row.error},
           {"disposition", row.disposition},
           {"provenance", row.provenance},
-          {"created", created}};
+          {"created", created},
+          {"knobs", row.knobs}};
 }
 
 Row row_from_json(const nlohmann::json& j, const std::string& where) {
@@ -167,6 +175,10 @@ Row row_from_json(const nlohmann::json& j, const std::string& where) {
   r.error = number("error", false);
   if (j.contains("created") && !j["created"].is_string() && !j["created"].is_null()) {
     throw bad("'created' must be a string");
+  }
+  if (j.contains("knobs") && !j["knobs"].is_null()) {
+    if (!j["knobs"].is_object()) throw bad("'knobs' must be an object");
+    r.knobs = j["knobs"];
   }
   return r;
 }
@@ -230,10 +242,14 @@ Registry Registry::open_writable(const std::string& path) {
   return r;
 }
 
-Registry::Registry(Registry&& o) noexcept : db_(o.db_), path_(std::move(o.path_)) { o.db_ = nullptr; }
+Registry::Registry(Registry&& o) noexcept
+    : db_(o.db_), path_(std::move(o.path_)), knobs_column_(o.knobs_column_) {
+  o.db_ = nullptr;
+}
 Registry& Registry::operator=(Registry&& o) noexcept {
   std::swap(db_, o.db_);
   std::swap(path_, o.path_);
+  std::swap(knobs_column_, o.knobs_column_);
   return *this;
 }
 Registry::~Registry() { sqlite3_close(db_); }
@@ -243,23 +259,44 @@ void Registry::check_schema(bool create) {
     exec(db_, path_,
          "BEGIN;"
          "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-         "INSERT OR IGNORE INTO meta VALUES('schema_version', '1');"
+         "INSERT OR IGNORE INTO meta VALUES('schema_version', '2');"
          "CREATE TABLE IF NOT EXISTS results("
          "  id INTEGER PRIMARY KEY,"
          "  signature TEXT NOT NULL, arch TEXT NOT NULL, problem TEXT NOT NULL,"
          "  config TEXT NOT NULL, time_us REAL, error REAL,"
          "  disposition TEXT NOT NULL, provenance TEXT NOT NULL,"
-         "  created TEXT NOT NULL DEFAULT (datetime('now')));"
+         "  created TEXT NOT NULL DEFAULT (datetime('now')),"
+         "  knobs TEXT NOT NULL DEFAULT '{}');"
          "CREATE INDEX IF NOT EXISTS results_by_signature ON results(signature, arch);"
          "COMMIT;");
   }
-  Stmt q(db_, path_, "SELECT value FROM meta WHERE key = 'schema_version'");
-  if (sqlite3_step(q.s) != SQLITE_ROW) fail(db_, path_, "not a FACT registry (no schema version)");
-  const auto version = q.text(0);
+  std::string version;
+  {
+    Stmt q(db_, path_, "SELECT value FROM meta WHERE key = 'schema_version'");
+    if (sqlite3_step(q.s) != SQLITE_ROW) fail(db_, path_, "not a FACT registry (no schema version)");
+    version = q.text(0);
+  }
+  if (version == "1") {
+    if (!create) {
+      knobs_column_ = false;  // read-only: rows read with knobs {}
+      return;
+    }
+    // Schema 1 -> 2: the rows' launch knobs, unknown ({}) for what was stored before.
+    exec(db_, path_,
+         "BEGIN IMMEDIATE;"
+         "ALTER TABLE results ADD COLUMN knobs TEXT NOT NULL DEFAULT '{}';"
+         "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+         "COMMIT;");
+    version = "2";
+  }
   if (version != std::to_string(kSchemaVersion)) {
     throw UserError("registry " + path_ + ": schema version " + version + " is not supported (this FACT reads " +
-                    std::to_string(kSchemaVersion) + "); point --registry at another file");
+                    std::to_string(kSchemaVersion) + " and migrates 1); point --registry at another file");
   }
+}
+
+std::string Registry::columns() const {
+  return std::string(kEntryColumns) + (knobs_column_ ? ", knobs" : ", '{}'");
 }
 
 void Registry::insert(const Row& row) {
@@ -276,8 +313,9 @@ void Registry::insert(const Row& row) {
 std::vector<Hit> Registry::lookup(const std::string& sig, const std::string& arch,
                                   const nlohmann::json& problem, size_t limit) const {
   Stmt q(db_, path_,
-         "SELECT problem, config, time_us, error, disposition, provenance FROM results"
-         " WHERE signature = ? AND arch = ? AND disposition = 'passed'");
+         (std::string("SELECT problem, config, time_us, error, disposition, provenance, ") +
+          (knobs_column_ ? "knobs" : "'{}'") + " FROM results WHERE signature = ? AND arch = ? AND disposition = 'passed'")
+             .c_str());
   q.bind(1, sig);
   q.bind(2, arch);
   std::vector<Hit> hits;
@@ -291,6 +329,7 @@ std::vector<Hit> Registry::lookup(const std::string& sig, const std::string& arc
     h.row.error = sqlite3_column_double(q.s, 3);
     h.row.disposition = q.text(4);
     h.row.provenance = q.text(5);
+    h.row.knobs = json_object_or_empty(q.text(6));
     if (h.row.problem.is_discarded() || h.row.config.is_discarded()) continue;
     h.distance = h.row.problem == problem ? 0.0 : distance(problem, h.row.problem);
     h.match = h.distance == 0.0 ? "exact" : "nearest";
@@ -311,7 +350,7 @@ int64_t Registry::count() const {
 std::vector<Entry> Registry::list(const ListFilter& f) const {
   // Filters are bound as parameters, never spliced into the SQL text. The signature filter is a
   // plain substring (instr), so '[' and '_' in signatures need no escaping as with LIKE.
-  std::string sql = std::string("SELECT ") + kEntryColumns + " FROM results WHERE 1";
+  std::string sql = "SELECT " + columns() + " FROM results WHERE 1";
   std::vector<std::string> args;
   if (!f.signature.empty()) {
     sql += " AND instr(signature, ?) > 0";
@@ -341,7 +380,7 @@ std::vector<Entry> Registry::list(const ListFilter& f) const {
 }
 
 std::optional<Entry> Registry::get(int64_t id) const {
-  Stmt q(db_, path_, (std::string("SELECT ") + kEntryColumns + " FROM results WHERE id = ?").c_str());
+  Stmt q(db_, path_, ("SELECT " + columns() + " FROM results WHERE id = ?").c_str());
   q.bind_int(1, id);
   if (sqlite3_step(q.s) != SQLITE_ROW) return std::nullopt;
   return read_entry(q);
@@ -385,15 +424,35 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
     for (const auto& [row, created] : rows) {
       // Duplicates by (signature, arch, problem, config). JSON cells are compared as dump()
       // text, which nlohmann writes with sorted keys and no spaces: the form insert() stores.
+      // A later measurement of the same kernel replaces the stored one (times drift with
+      // drivers and libraries); an older or equally old one is skipped.
       Stmt q(db_, path_,
-             "SELECT 1 FROM results WHERE signature = ? AND arch = ? AND problem = ? AND config = ? LIMIT 1");
-      q.bind(1, row.signature);
-      q.bind(2, row.arch);
-      q.bind(3, row.problem.dump());
-      q.bind(4, row.config.dump());
+             "SELECT id, created < COALESCE(?, datetime('now')) FROM results"
+             " WHERE signature = ? AND arch = ? AND problem = ? AND config = ?"
+             " ORDER BY created DESC LIMIT 1");
+      if (!created.empty()) q.bind(1, created);
+      q.bind(2, row.signature);
+      q.bind(3, row.arch);
+      q.bind(4, row.problem.dump());
+      q.bind(5, row.config.dump());
       const int rc = sqlite3_step(q.s);
       if (rc == SQLITE_ROW) {
-        ++stats.skipped;
+        if (sqlite3_column_int(q.s, 1) == 0) {
+          ++stats.skipped;
+          continue;
+        }
+        Stmt u(db_, path_,
+               "UPDATE results SET time_us = ?, error = ?, disposition = ?, provenance = ?,"
+               " created = COALESCE(?, datetime('now')), knobs = ? WHERE id = ?");
+        u.bind(1, row.time_us);
+        u.bind(2, row.error);
+        u.bind(3, row.disposition);
+        u.bind(4, row.provenance);
+        if (!created.empty()) u.bind(5, created);
+        u.bind(6, row.knobs.dump());
+        u.bind_int(7, sqlite3_column_int64(q.s, 0));
+        if (sqlite3_step(u.s) != SQLITE_DONE) fail(db_, path_, "update failed");
+        ++stats.updated;
         continue;
       }
       if (rc != SQLITE_DONE) fail(db_, path_, "duplicate check failed");

@@ -10,11 +10,15 @@
 //   {"fact_registry_export": 1, "schema_version": 1,
 //    "produced_by": {"host": ..., "command": ..., "registry": ..., "date": ...},
 //    "rows": [{"id", "signature", "arch", "problem", "config", "time_us", "error",
-//              "disposition", "provenance", "created"}, ...]}
+//              "disposition", "provenance", "created", "knobs"}, ...]}
 //
-// Import validates every row first and inserts them in one transaction (all or nothing); a row
-// whose (signature, arch, problem, config) is already stored is skipped, so importing the same
-// file twice is harmless. "id" is informational: the importing file numbers its own rows.
+// Schema 2 added `knobs` (the launch knobs a row was timed with; {} when unknown). A schema 1
+// file is migrated when opened for writing and read as knobs {} when opened read-only.
+//
+// Import validates every row first and writes them in one transaction (all or nothing); a row
+// whose (signature, arch, problem, config) is already stored replaces the stored measurement
+// when it was measured later, and is skipped otherwise, so importing the same file twice is
+// harmless. "id" is informational: the importing file numbers its own rows.
 #pragma once
 
 #include <memory>
@@ -29,7 +33,7 @@ struct sqlite3;
 
 namespace fact::registry {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;  // 2: rows keep the launch knobs
 inline constexpr int kExportFormatVersion = 1;
 
 // "gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col"
@@ -44,6 +48,7 @@ struct Row {
   double error = 0;
   std::string disposition = "passed";  // passed | incorrect | fault | compile_error | not_supported
   std::string provenance = "seed";     // seed | tuned | agent
+  nlohmann::json knobs = nlohmann::json::object();  // run-time launch knobs it was timed with
 };
 
 // A stored row with its registry-local id and creation time (UTC, "YYYY-MM-DD HH:MM:SS").
@@ -66,7 +71,8 @@ struct ListFilter {
 struct ImportStats {
   size_t rows = 0;      // rows in the document
   size_t inserted = 0;  // new rows written
-  size_t skipped = 0;   // already present by (signature, arch, problem, config)
+  size_t updated = 0;   // present by (signature, arch, problem, config), measured later now
+  size_t skipped = 0;   // present, and the stored measurement is as new or newer
 };
 
 // A row of an export document, checked: UserError naming `where` ("FILE: row 3") otherwise.
@@ -112,9 +118,11 @@ class Registry {
 
  private:
   Registry(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  std::string columns() const;  // the Entry columns, knobs read as '{}' from a schema 1 file
   void check_schema(bool create);
   sqlite3* db_ = nullptr;
   std::string path_;
+  bool knobs_column_ = true;
 };
 
 }  // namespace fact::registry

@@ -194,6 +194,47 @@ TEST_F(RegistryTest, OpenReadonlySeesRowsButCannotWrite) {
   EXPECT_EQ(reg->count(), 1);
 }
 
+TEST_F(RegistryTest, KnobsRoundTripThroughRowsLookupAndExport) {
+  auto reg = Registry::open_writable(path_);
+  auto r = row(gemm_problem(64, 64, 64), 5);
+  r.knobs = {{"raster", "along_n"}, {"max_swizzle", 4}, {"splits", 2}};
+  reg.insert(r);
+  EXPECT_EQ(reg.list().at(0).row.knobs, r.knobs);
+  EXPECT_EQ(reg.lookup(kSig, "sm90", gemm_problem(64, 64, 64), 4).at(0).row.knobs, r.knobs);
+  const auto doc = reg.export_json();
+  EXPECT_EQ(doc["rows"][0]["knobs"], r.knobs);
+  auto other = Registry::open_writable((fs::path(dir_) / "other.db").string());
+  other.import_json(doc);
+  EXPECT_EQ(other.list().at(0).row.knobs, r.knobs);
+}
+
+TEST_F(RegistryTest, SchemaOneFilesAreReadAndMigrated) {
+  {  // a registry as FACT's schema 1 wrote it, with one row
+    auto reg = Registry::open_writable(path_);
+    reg.insert(row(gemm_problem(64, 64, 64), 5));
+  }
+  sql("ALTER TABLE results DROP COLUMN knobs");
+  sql("UPDATE meta SET value = '1' WHERE key = 'schema_version'");
+  {
+    auto ro = Registry::open_readonly(path_);  // read-only: read as it is, knobs unknown
+    ASSERT_TRUE(ro.has_value());
+    EXPECT_EQ(ro->list().at(0).row.knobs, json::object());
+    EXPECT_EQ(ro->lookup(kSig, "sm90", gemm_problem(64, 64, 64), 4).size(), 1u);
+    EXPECT_EQ(ro->export_json()["rows"][0]["knobs"], json::object());
+  }
+  EXPECT_EQ(sql("SELECT value FROM meta WHERE key = 'schema_version'"), "1");
+  {
+    auto rw = Registry::open_writable(path_);  // writable: migrated to schema 2 in place
+    EXPECT_EQ(rw.count(), 1);
+    auto r = row(gemm_problem(128, 64, 64), 6);
+    r.knobs = {{"splits", 4}};
+    rw.insert(r);
+  }
+  EXPECT_EQ(sql("SELECT value FROM meta WHERE key = 'schema_version'"), "2");
+  EXPECT_EQ(sql("SELECT knobs FROM results WHERE time_us = 5"), "{}");
+  EXPECT_EQ(sql("SELECT knobs FROM results WHERE time_us = 6"), "{\"splits\":4}");
+}
+
 TEST_F(RegistryTest, AnotherSchemaVersionIsRefusedByName) {
   { Registry::open_writable(path_); }
   sql("UPDATE meta SET value = '7' WHERE key = 'schema_version'");

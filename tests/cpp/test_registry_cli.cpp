@@ -246,8 +246,35 @@ TEST_F(RegistryCli, DuplicateImportIsIdempotent) {
   write("more.json", src.export_json().dump());
   std::string out;
   EXPECT_EQ(run("import", path("dst.db"), &out, path("more.json")), 0);
-  EXPECT_NE(out.find("1 imported, 3 already present"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 imported, 0 updated (measured later), 3 already present"), std::string::npos) << out;
   EXPECT_EQ(dst.count(), 4);
+}
+
+TEST_F(RegistryCli, ALaterMeasurementReplacesTheStoredOne) {
+  auto src = Registry::open_writable(path("src.db"));
+  fill(src);
+  auto doc = src.export_json();
+  for (auto& r : doc["rows"]) r["created"] = "2026-01-01 00:00:00";
+  auto dst = Registry::open_writable(path("dst.db"));
+  EXPECT_EQ(dst.import_json(doc).inserted, 3u);
+  // Re-tuned later: new time and provenance; one row measured earlier than what is stored.
+  doc["rows"][0]["created"] = "2026-02-01 00:00:00";
+  doc["rows"][0]["time_us"] = 1.25;
+  doc["rows"][0]["provenance"] = "tuned";
+  doc["rows"][1]["created"] = "2025-12-01 00:00:00";
+  doc["rows"][1]["time_us"] = 99.0;
+  const auto s = dst.import_json(doc);
+  EXPECT_EQ(s.inserted, 0u);
+  EXPECT_EQ(s.updated, 1u);
+  EXPECT_EQ(s.skipped, 2u);
+  EXPECT_EQ(dst.count(), 3);  // replaced in place, not added
+  bool saw_new = false, saw_old_kept = false;
+  for (const auto& e : dst.list({})) {
+    if (e.row.time_us == 1.25 && e.row.provenance == "tuned" && e.created == "2026-02-01 00:00:00") saw_new = true;
+    if (e.row.time_us == 99.0) saw_old_kept = true;
+  }
+  EXPECT_TRUE(saw_new);
+  EXPECT_FALSE(saw_old_kept);
 }
 
 TEST_F(RegistryCli, SeedFileImports) {

@@ -1044,6 +1044,27 @@ def test_rel_err_never_passes_nan_or_inf():
     assert math.isinf(rel_err(out, ref)[0])
 
 
+def test_rel_err_where_the_reference_itself_is_nan_or_inf():
+    """log/sqrt of a negative accumulator is NaN in the model too: a kernel must reproduce the
+    NaN/Inf where the float64 reference has it, and is measured on the finite rest."""
+    ref = torch.tensor([[1.0, math.nan], [math.inf, -math.inf]], dtype=torch.float64)
+    out = ref.clone()
+    out[0, 0] = 1.01
+    err, why = rel_err(out, ref)
+    assert abs(err - 0.01) < 1e-12 and "3 elements NaN/Inf as in the reference" in why
+    for wrong in (0.0, math.inf, -math.inf):  # NaN expected
+        bad = ref.clone()
+        bad[0, 1] = wrong
+        err, why = rel_err(bad, ref)
+        assert math.isinf(err) and "reference is NaN/Inf" in why
+    bad = ref.clone()
+    bad[1, 0] = math.nan  # +inf expected
+    assert math.isinf(rel_err(bad, ref)[0])
+    bad = ref.clone()
+    bad[0, 0] = math.nan  # finite expected: an unwritten element
+    assert "unwritten" in rel_err(bad, ref)[1]
+
+
 def test_verify_passes_a_correct_kernel(fake_kernels):
     lib = fake_kernels("gelu_good", MINIGPT_GELU, epi=2)
     result = verify(lib, MINIGPT_GELU, SMALL, "highest", device="cpu")  # default shapes

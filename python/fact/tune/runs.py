@@ -56,8 +56,8 @@ def tune_run(
     the results into the registry, and return, per pattern index, the verified kernels of this
     run from fastest to slowest: {kernel, library, config, time_us, error, knobs, source}.
 
-    Kernels measured before come from the registry (source "registry", default launch knobs:
-    the registry keeps no knobs yet); kernels measured now carry their best knobs. The PyTorch
+    Kernels measured before come from the registry (source "registry", with the launch knobs
+    they were timed with); kernels measured now carry their best knobs. The PyTorch
     candidate's time, when tuned now, is in the row with kernel "pytorch".
     """
     from fact.tune import harness
@@ -145,7 +145,7 @@ def tune_run(
             cand = {
                 "time_us": row.get("time_us"),
                 "error": row.get("error"),
-                "knobs": {},
+                "knobs": row.get("knobs") or {},
                 "source": "registry",
             }
         cand.update(kernel=entry["kernel"], library=entry["library"], config=entry["config"])
