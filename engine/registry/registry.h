@@ -7,7 +7,7 @@
 //
 // Rows travel between machines as an export document (`fact-engine registry export`):
 //
-//   {"fact_registry_export": 1, "schema_version": 1,
+//   {"fact_registry_export": 1, "schema_version": 2,
 //    "produced_by": {"host": ..., "command": ..., "registry": ..., "date": ...},
 //    "rows": [{"id", "signature", "arch", "problem", "config", "time_us", "error",
 //              "disposition", "provenance", "created", "knobs"}, ...]}
