@@ -166,6 +166,22 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   std::vector<Pending> pending;
   std::set<std::string> seen;
   r.manifest = json::array();
+  // A pattern (or one config of it) FACT cannot build: its manifest row says why.
+  auto refuse = [&](json entry, const std::string& why) {
+    entry["status"] = "not_supported";
+    entry["detail"] = why;
+    r.manifest.push_back(std::move(entry));
+    ++r.not_supported;
+  };
+  // One emitted kernel of pattern i: its source once, its manifest row after compiling.
+  auto add_kernel = [&](size_t i, realize::EmittedKernel k, json config) {
+    pending.push_back({i, k.name, std::move(config)});
+    if (seen.insert(k.name).second) {
+      write_text_file(run / "src" / (k.name + ".cu"), k.source);
+      jobs.push_back({k.name, std::move(k.source)});
+    }
+  };
+  auto candidates_file = [&](size_t i) { return run / "candidates" / ("pattern-" + std::to_string(i) + ".json"); };
   for (size_t i = 0; i < d.discovery.chosen.size(); ++i) {
     const auto& match = d.discovery.chosen[i].match;
     const auto& pattern = r.plan["patterns"][i];
@@ -177,29 +193,17 @@ RealizeResult run_realize(const RealizeOptions& opt) {
         json configs = json::array();
         for (const auto& c : realize::norm_configs(spec)) {
           configs.push_back(c.to_json());
-          auto k = realize::emit_norm(spec, c);
-          pending.push_back({i, k.name, c.to_json()});
-          if (seen.insert(k.name).second) {
-            write_text_file(run / "src" / (k.name + ".cu"), k.source);
-            jobs.push_back({k.name, std::move(k.source)});
-          }
+          add_kernel(i, realize::emit_norm(spec, c), c.to_json());
         }
-        write_text_file(run / "candidates" / ("pattern-" + std::to_string(i) + ".json"),
-                        json({{"family", "norm"}, {"configs", configs}}).dump(2));
+        write_text_file(candidates_file(i), json({{"family", "norm"}, {"configs", configs}}).dump(2));
       } catch (const realize::NotSupported& e) {
-        base["status"] = "not_supported";
-        base["detail"] = e.what();
-        r.manifest.push_back(base);
-        ++r.not_supported;
+        refuse(base, e.what());
       }
       continue;
     }
     if (!realize::supports_candidates(match, opt.discover.arch)) {
-      base["status"] = "not_supported";
-      base["detail"] = std::string("no kernel family for ") + discover::family_name(match.family) + " on " +
-                       opt.discover.arch + " yet";
-      r.manifest.push_back(base);
-      ++r.not_supported;
+      refuse(base, std::string("no kernel family for ") + discover::family_name(match.family) + " on " +
+                       opt.discover.arch + " yet");
       continue;
     }
     realize::Candidates cands;
@@ -213,29 +217,17 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       copt.registry = reg ? &*reg : nullptr;
       cands = realize::candidates(match, copt);
     } catch (const realize::NotSupported& e) {
-      base["status"] = "not_supported";
-      base["detail"] = e.what();
-      r.manifest.push_back(base);
-      ++r.not_supported;
+      refuse(base, e.what());
       continue;
     }
-    write_text_file(run / "candidates" / ("pattern-" + std::to_string(i) + ".json"), realize::candidates_json(cands).dump(2));
+    write_text_file(candidates_file(i), realize::candidates_json(cands).dump(2));
     for (const auto& ranked : cands.ranked) {
       json entry = base;
       entry["config"] = ranked.config.to_json();
       try {
-        auto k = realize::emit_gemm_sm90(spec, ranked.config);
-        entry["kernel"] = k.name;
-        pending.push_back({i, k.name, entry["config"]});
-        if (seen.insert(k.name).second) {
-          write_text_file(run / "src" / (k.name + ".cu"), k.source);
-          jobs.push_back({k.name, std::move(k.source)});
-        }
+        add_kernel(i, realize::emit_gemm_sm90(spec, ranked.config), entry["config"]);
       } catch (const realize::NotSupported& e) {
-        entry["status"] = "not_supported";
-        entry["detail"] = e.what();
-        r.manifest.push_back(entry);
-        ++r.not_supported;
+        refuse(entry, e.what());
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "ir/error.h"
+#include "golden.h"
 #include "realize/emit.h"
 
 namespace fact::realize {
@@ -43,23 +44,7 @@ json fn(int id, const std::string& op, std::vector<int> args, json params = null
 }
 json constant(int id, json value) { return {{"id", id}, {"op", "constant"}, {"value", value}}; }
 
-std::string read(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-void expect_golden(const EmittedKernel& k, const std::string& file) {
-  const auto path = std::filesystem::path(FACT_TEST_DATA) / ".." / "golden" / file;
-  if (std::getenv("FACT_UPDATE_GOLDEN")) {
-    std::ofstream(path) << k.source;
-    GTEST_SKIP() << "updated " << path;
-  }
-  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run with FACT_UPDATE_GOLDEN=1";
-  EXPECT_EQ(k.source, read(path)) << "emitted source differs from " << path
-                                  << " (FACT_UPDATE_GOLDEN=1 to accept an intended change)";
-}
+using test::expect_golden;
 
 GemmConfig config(int m, int n, int k, int cm, int cn, const std::string& sched, const std::string& scheduler = "persistent") {
   GemmConfig c;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "golden.h"
 #include "realize/norm.h"
 
 namespace fact::realize {
@@ -29,18 +30,7 @@ json norm_pattern(const std::string& rule, const std::string& kind, const std::s
           {"operands", ops}};
 }
 
-void expect_golden(const EmittedKernel& k, const std::string& file) {
-  const auto path = std::filesystem::path(FACT_TEST_DATA) / ".." / "golden" / file;
-  if (std::getenv("FACT_UPDATE_GOLDEN")) {
-    std::ofstream(path) << k.source;
-    GTEST_SKIP() << "updated " << path;
-  }
-  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run with FACT_UPDATE_GOLDEN=1";
-  std::ifstream in(path);
-  std::ostringstream os;
-  os << in.rdbuf();
-  EXPECT_EQ(k.source, os.str()) << "emitted source differs from " << path;
-}
+using test::expect_golden;
 
 TEST(EmitNorm, LayerNormBf16WithWeightAndBias) {
   const auto spec = NormSpec::from_pattern(norm_pattern("norm", "layer_norm", "bf16", 768, true, true));

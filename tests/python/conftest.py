@@ -9,7 +9,7 @@ import pytest
 from helpers import EXAMPLES
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def engine_available() -> Path:
     """The built fact-engine binary; skips the test when it is not built."""
     from fact.engine import find_engine

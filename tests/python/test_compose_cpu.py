@@ -60,18 +60,6 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """optimize runs `fact-engine discover`; skip everything that optimizes without it."""
-    from fact.engine import find_engine
-    from fact.errors import EngineNotFoundError
-
-    try:
-        return find_engine()
-    except EngineNotFoundError as exc:
-        pytest.skip(f"needs fact-engine: {exc}")
-
-
-@pytest.fixture(scope="module")
 def minigpt_module():
     """examples/minigpt_block.py, imported (Model, get_init_inputs)."""
     spec = importlib.util.spec_from_file_location(
@@ -111,7 +99,7 @@ def eager(model: nn.Module, *args):
 
 
 @pytest.fixture(scope="module")
-def ref_opt(engine, minigpt_module, tmp_path_factory):
+def ref_opt(engine_available, minigpt_module, tmp_path_factory):
     """MiniGPT optimized with the reference GEMM twins: (model, x, opt, run_dir). Shared: a test
     that changes the model restores it."""
     run_dir = tmp_path_factory.mktemp("ref-run")
@@ -316,7 +304,7 @@ def test_minigpt_reference_twins_report_and_decisions(ref_opt):
 # 2. Parameter sharing
 
 
-def test_optimized_module_reads_the_live_parameters(engine, minigpt_module, tmp_path):
+def test_optimized_module_reads_the_live_parameters(engine_available, minigpt_module, tmp_path):
     model, x = new_minigpt(minigpt_module, seed=3)
     opt = fact.optimize(
         model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
@@ -368,7 +356,7 @@ def test_in_place_update_of_the_causal_mask_buffer_is_seen(ref_opt):
 # 3. Fallback
 
 
-def test_wrong_implementations_are_rejected_per_pattern(engine, tmp_path):
+def test_wrong_implementations_are_rejected_per_pattern(engine_available, tmp_path):
     torch.manual_seed(4)
     model, x = TwoLayerMLP().eval(), torch.randn(2, 16, 64)
     offered = {}
@@ -406,7 +394,7 @@ def test_wrong_implementations_are_rejected_per_pattern(engine, tmp_path):
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
-def test_require_faster_keeps_pytorch_when_the_implementation_is_slower(engine, tmp_path):
+def test_require_faster_keeps_pytorch_when_the_implementation_is_slower(engine_available, tmp_path):
     torch.manual_seed(5)
     model, x = LinearTail().eval(), torch.randn(4, 16, 64)
     opt = fact.optimize(
@@ -555,7 +543,7 @@ def test_kernel_table_rejects_bad_entries():
 # 5. Module forms
 
 
-def test_linear_with_pointwise_tail(engine, tmp_path):
+def test_linear_with_pointwise_tail(engine_available, tmp_path):
     torch.manual_seed(7)
     model, x = LinearTail().eval(), torch.randn(4, 16, 64)
     opt = fact.optimize(
@@ -571,7 +559,7 @@ def test_linear_with_pointwise_tail(engine, tmp_path):
     assert rel_err(opt(y), eager(model, y)) < 1e-6
 
 
-def test_batched_matmul(engine, tmp_path):
+def test_batched_matmul(engine_available, tmp_path):
     torch.manual_seed(8)
     model, x = BatchedMatmul().eval(), torch.randn(4, 16, 64)
     opt = fact.optimize(
@@ -589,7 +577,7 @@ def test_batched_matmul(engine, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_hand_written_rms_norm_runs_as_torch_rms_norm(engine, tmp_path, dtype):
+def test_hand_written_rms_norm_runs_as_torch_rms_norm(engine_available, tmp_path, dtype):
     torch.manual_seed(9)
     model = RMSNorm().to(dtype).eval()
     x = torch.randn(4, 16, 64, dtype=dtype)
@@ -746,7 +734,7 @@ def test_report_markdown_marks_a_fallback(ref_opt):
 # 7. Errors
 
 
-def test_optimize_refuses_a_module_that_mutates_a_buffer(engine, tmp_path):
+def test_optimize_refuses_a_module_that_mutates_a_buffer(engine_available, tmp_path):
     model = Counter().eval()
     with pytest.raises(FactError, match="Counter writes to buffer calls while it runs"):
         fact.optimize(model, [torch.randn(2, 8)], quiet=True, run_dir=tmp_path / "r")
@@ -761,13 +749,13 @@ def test_program_refuses_a_functionalized_buffer_mutation():
         Program(model, functional)
 
 
-def test_optimize_refuses_training_mode_dropout(engine, tmp_path):
+def test_optimize_refuses_training_mode_dropout(engine_available, tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
     with pytest.raises(FactError, match=r"draws random numbers .*dropout.*model.eval\(\)"):
         fact.optimize(model, [torch.randn(2, 8)], quiet=True, run_dir=tmp_path / "r")
 
 
-def test_calling_with_a_different_argument_structure_raises(engine, tmp_path):
+def test_calling_with_a_different_argument_structure_raises(engine_available, tmp_path):
     torch.manual_seed(11)
     model, x = SmallGelu().eval(), torch.randn(4, 32)
     opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", require_faster=False)
@@ -781,7 +769,7 @@ def test_calling_with_a_different_argument_structure_raises(engine, tmp_path):
 # 8. The CPU path without implementations, and the decision cache
 
 
-def test_cpu_optimize_without_implementations(engine, minigpt_module, tmp_path):
+def test_cpu_optimize_without_implementations(engine_available, minigpt_module, tmp_path):
     model, x = new_minigpt(minigpt_module, seed=12)
     opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", require_faster=False)
     report = opt.report
@@ -813,7 +801,7 @@ def test_cpu_optimize_without_implementations(engine, minigpt_module, tmp_path):
     assert rel_err(warm(*inputs), opt(*inputs)) > 1e-2  # different weights, its own
 
 
-def test_cpu_optimize_require_faster_keeps_a_reason(engine, minigpt_module, tmp_path):
+def test_cpu_optimize_require_faster_keeps_a_reason(engine_available, minigpt_module, tmp_path):
     model, x = new_minigpt(minigpt_module, seed=14)
     opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", use_cache=False)
     (attention,) = by_family(opt.report, "attention")
@@ -838,7 +826,7 @@ def dynamo_reset():
     torch._dynamo.reset()
 
 
-def test_torch_compile_backend_fact(engine, dynamo_reset, monkeypatch):
+def test_torch_compile_backend_fact(engine_available, dynamo_reset, monkeypatch):
     import fact.backend  # noqa: F401 - registers backend="fact"
     import fact.compose.optimize as optimize_mod
 
