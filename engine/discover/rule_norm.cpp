@@ -2,6 +2,8 @@
 // (x * rsqrt(mean(x^2, -1, keepdim) + eps), optionally cast back and scaled by a weight).
 #include <algorithm>
 
+#include <limits>
+
 #include "discover/catalog.h"
 #include "discover/epilogue.h"
 #include "discover/views.h"
@@ -17,7 +19,8 @@ using ir::OpClass;
 namespace {
 
 Match norm_match(const Graph& g, const std::string& rule, int root, const std::string& kind, int x,
-                 int out, std::vector<int> nodes, int weight, int bias, double eps) {
+                 int out, std::vector<int> nodes, int weight, int bias, double eps,
+                 const std::string& round_to = "") {
   Match m;
   m.rule = rule;
   m.family = Family::norm;
@@ -42,6 +45,9 @@ Match norm_match(const Graph& g, const std::string& rule, int root, const std::s
              {"eps", eps},
              {"dtype_in", ir::dtype_name(xt.dtype)},
              {"dtype_out", ir::dtype_name(g.node(out).type().dtype)}};
+  // A hand-written norm that casts the normalised value before the weight multiply (Llama's
+  // .type_as(x) * weight) rounds there; kernels must too.
+  if (!round_to.empty()) m.attrs["round_to"] = round_to;
   return m;
 }
 
@@ -61,7 +67,8 @@ Attempt match_norm_op(const Graph& g, int root) {
   if (!int_list(n.arg(1, "normalized_shape"), shape) || shape.size() != 1) {
     return miss(rule, root, root, 1, "only normalisation over the last dim is a row norm");
   }
-  double eps = n.op == Op::rms_norm ? 0.0 : 1e-5;
+  // rms_norm's eps=None is the float epsilon (ATen uses its opmath type's, f32 for 16-bit too).
+  double eps = n.op == Op::rms_norm ? static_cast<double>(std::numeric_limits<float>::epsilon()) : 1e-5;
   const int weight = tensor_arg(n, 2, "weight");
   int bias = -1;
   if (n.op == Op::rms_norm) {
@@ -144,9 +151,11 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   int out = scaled;
   // Optional cast back (Llama's .type_as(x)).
   int next = only_user(out);
+  std::string cast_to;
   if (next >= 0 && ir::op_class(g.node(next).op) == OpClass::cast && !g.is_graph_output(out)) {
     nodes.push_back(next);
     out = next;
+    cast_to = ir::dtype_name(g.node(out).type().dtype);
     next = only_user(out);
   }
   // The input cast (Llama's x.float()) belongs to the norm when nothing else reads it; otherwise
@@ -170,7 +179,9 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
     }
   }
   Attempt a;
-  a.matches.push_back(norm_match(g, rule, root, "rms_norm", input, out, nodes, weight, -1, eps));
+  // The cast rounds before the weight only when a weight multiply follows it.
+  const std::string round_to = weight >= 0 ? cast_to : "";
+  a.matches.push_back(norm_match(g, rule, root, "rms_norm", input, out, nodes, weight, -1, eps, round_to));
   return a;
 }
 

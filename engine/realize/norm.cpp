@@ -51,7 +51,9 @@ NormSpec NormSpec::from_pattern(const json& p) {
   if (s.has_weight && s.has_bias && w != b) throw NotSupported("weight and bias of different dtypes");
   s.dtype_weight = s.has_weight ? w : b;
   if (!s.dtype_weight.empty()) cuda_type(s.dtype_weight);
-  s.round_before_weight = p.value("rule", "") == "rms_norm_handwritten" && s.has_weight && s.dtype_in != "f32";
+  s.dtype_round = a.value("round_to", "");
+  s.round_before_weight = s.has_weight && !s.dtype_round.empty() && s.dtype_round != "f32";
+  if (s.round_before_weight) cuda_type(s.dtype_round);
   s.cols = p.at("problem").at("cols").get<int64_t>();
   const int vec = s.vector_width();
   if (s.cols <= 0 || s.cols % vec != 0) {
@@ -65,8 +67,9 @@ NormSpec NormSpec::from_pattern(const json& p) {
 int NormSpec::vector_width() const { return 16 / dtype_bytes(dtype_in); }
 
 std::string NormSpec::id() const {
-  return short_hash(json({kind, dtype_in, dtype_out, dtype_weight, has_weight, has_bias, round_before_weight, cols})
-                        .dump());
+  return short_hash(
+      json({kind, dtype_in, dtype_out, dtype_weight, has_weight, has_bias, round_before_weight, dtype_round, cols})
+          .dump());
 }
 
 json NormConfig::to_json() const { return {{"name", name()}, {"threads", threads}, {"items", items}}; }
@@ -97,6 +100,7 @@ EmittedKernel emit_norm(const NormSpec& spec, const NormConfig& c) {
                      {"has_weight", spec.has_weight},
                      {"has_bias", spec.has_bias},
                      {"round_before_weight", spec.round_before_weight},
+                     {"dtype_round", spec.dtype_round},
                      {"cols", spec.cols},
                      {"config", c.to_json()}};
   const std::string w = spec.dtype_weight.empty() ? "float" : cuda_type(spec.dtype_weight);
@@ -116,6 +120,7 @@ EmittedKernel emit_norm(const NormSpec& spec, const NormConfig& c) {
       {"has_weight", spec.has_weight ? "true" : "false"},
       {"has_bias", spec.has_bias ? "true" : "false"},
       {"round_before_weight", spec.round_before_weight ? "true" : "false"},
+      {"t_round", spec.round_before_weight ? cuda_type(spec.dtype_round) : "float"},
   };
   k.source = substitute(templates::kNormRows, vars);
   return k;

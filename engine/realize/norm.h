@@ -15,7 +15,8 @@ struct NormSpec {
   std::string kind;  // layer_norm | rms_norm
   std::string dtype_in, dtype_out, dtype_weight;  // dtype_weight "" without weight and bias
   bool has_weight = false, has_bias = false;
-  bool round_before_weight = false;  // hand-written RMSNorm: .type_as(x) before * weight
+  bool round_before_weight = false;  // the model casts before * weight (Llama's .type_as(x))
+  std::string dtype_round;           // ... to this dtype
   int64_t cols = 0;
 
   static NormSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be

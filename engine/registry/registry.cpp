@@ -256,8 +256,10 @@ Registry::~Registry() { sqlite3_close(db_); }
 
 void Registry::check_schema(bool create) {
   if (create) {
+    // IMMEDIATE: take the write lock first, so concurrent openers queue on busy_timeout
+    // instead of failing to upgrade a read lock.
     exec(db_, path_,
-         "BEGIN;"
+         "BEGIN IMMEDIATE;"
          "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
          "INSERT OR IGNORE INTO meta VALUES('schema_version', '2');"
          "CREATE TABLE IF NOT EXISTS results("
@@ -281,12 +283,21 @@ void Registry::check_schema(bool create) {
       knobs_column_ = false;  // read-only: rows read with knobs {}
       return;
     }
-    // Schema 1 -> 2: the rows' launch knobs, unknown ({}) for what was stored before.
-    exec(db_, path_,
-         "BEGIN IMMEDIATE;"
-         "ALTER TABLE results ADD COLUMN knobs TEXT NOT NULL DEFAULT '{}';"
-         "UPDATE meta SET value = '2' WHERE key = 'schema_version';"
-         "COMMIT;");
+    // Schema 1 -> 2: the rows' launch knobs, unknown ({}) for what was stored before. The
+    // version is read again under the write lock: another process may have migrated first.
+    exec(db_, path_, "BEGIN IMMEDIATE;");
+    try {
+      Stmt again(db_, path_, "SELECT value FROM meta WHERE key = 'schema_version'");
+      if (sqlite3_step(again.s) == SQLITE_ROW && again.text(0) == "1") {
+        exec(db_, path_,
+             "ALTER TABLE results ADD COLUMN knobs TEXT NOT NULL DEFAULT '{}';"
+             "UPDATE meta SET value = '2' WHERE key = 'schema_version';");
+      }
+    } catch (...) {
+      sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+      throw;
+    }
+    exec(db_, path_, "COMMIT;");
     version = "2";
   }
   if (version != std::to_string(kSchemaVersion)) {
@@ -425,16 +436,19 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
       // Duplicates by (signature, arch, problem, config). JSON cells are compared as dump()
       // text, which nlohmann writes with sorted keys and no spaces: the form insert() stores.
       // A later measurement of the same kernel replaces the stored one (times drift with
-      // drivers and libraries); an older or equally old one is skipped.
+      // drivers and libraries); an older or equally old one is skipped, and so is a later
+      // failure (a fault may be transient) over a passed row.
       Stmt q(db_, path_,
-             "SELECT id, created < COALESCE(?, datetime('now')) FROM results"
+             "SELECT id, created < COALESCE(?, datetime('now')) AND (disposition != 'passed' OR ? = 'passed')"
+             " FROM results"
              " WHERE signature = ? AND arch = ? AND problem = ? AND config = ?"
              " ORDER BY created DESC LIMIT 1");
       if (!created.empty()) q.bind(1, created);
-      q.bind(2, row.signature);
-      q.bind(3, row.arch);
-      q.bind(4, row.problem.dump());
-      q.bind(5, row.config.dump());
+      q.bind(2, row.disposition);  // a failed re-measurement does not replace a passed one
+      q.bind(3, row.signature);
+      q.bind(4, row.arch);
+      q.bind(5, row.problem.dump());
+      q.bind(6, row.config.dump());
       const int rc = sqlite3_step(q.s);
       if (rc == SQLITE_ROW) {
         if (sqlite3_column_int(q.s, 1) == 0) {

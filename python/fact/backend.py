@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 
-from fact.errors import FactError
-
 
 def _real(t: Any) -> Any:
     """Dynamo's example inputs as real tensors (fake ones become random of the same kind)."""
@@ -35,11 +33,21 @@ def fact_backend(
     """Optimize one Dynamo graph; options are fact.optimize's keyword arguments."""
     from fact.compose.optimize import optimize
 
+    grads = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in [*example_inputs, *gm.parameters()]
+    )
+    if grads:  # FACT's modules are inference only: training keeps Dynamo's graph
+        warnings.warn(
+            "FACT optimizes inference; this graph needs gradients, so it runs as captured "
+            "(use torch.no_grad() or inference_mode() around calls to get FACT's kernels)",
+            stacklevel=2,
+        )
+        return gm.forward
     inputs = [_real(t) for t in example_inputs]
     options.setdefault("quiet", True)
     try:
         opt = optimize(gm, inputs, **options)
-    except FactError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever fails, the model must still run
         warnings.warn(f"FACT could not optimize a graph; it runs as captured: {exc}", stacklevel=2)
         return gm.forward
     return opt

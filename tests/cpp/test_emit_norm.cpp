@@ -19,13 +19,15 @@ using nlohmann::json;
 
 // A plan norm pattern (docs/plan-format.md) with the fields emission reads.
 json norm_pattern(const std::string& rule, const std::string& kind, const std::string& dtype, int64_t cols,
-                  bool weight, bool bias, const std::string& dtype_out = "") {
+                  bool weight, bool bias, const std::string& dtype_out = "", const std::string& round_to = "") {
   json ops = {{{"role", "x"}, {"node", "x"}, {"type", dtype + "[64, " + std::to_string(cols) + "]"}}};
   if (weight) ops.push_back({{"role", "weight"}, {"node", "w"}, {"type", dtype + "[" + std::to_string(cols) + "]"}});
   if (bias) ops.push_back({{"role", "bias"}, {"node", "b"}, {"type", dtype + "[" + std::to_string(cols) + "]"}});
+  json attrs = {{"kind", kind}, {"eps", 1e-5}, {"dtype_in", dtype}, {"dtype_out", dtype_out.empty() ? dtype : dtype_out}};
+  if (!round_to.empty()) attrs["round_to"] = round_to;
   return {{"family", "norm"},
           {"rule", rule},
-          {"attrs", {{"kind", kind}, {"eps", 1e-5}, {"dtype_in", dtype}, {"dtype_out", dtype_out.empty() ? dtype : dtype_out}}},
+          {"attrs", attrs},
           {"problem", {{"rows", 64}, {"cols", cols}}},
           {"operands", ops}};
 }
@@ -50,8 +52,16 @@ TEST(EmitNorm, LayerNormBf16WithWeightAndBias) {
 }
 
 TEST(EmitNorm, HandWrittenRmsNormRoundsBeforeTheWeight) {
-  const auto spec = NormSpec::from_pattern(norm_pattern("rms_norm_handwritten", "rms_norm", "bf16", 4096, true, false));
+  const auto spec =
+      NormSpec::from_pattern(norm_pattern("rms_norm_handwritten", "rms_norm", "bf16", 4096, true, false, "", "bf16"));
   EXPECT_TRUE(spec.round_before_weight);  // Llama: norm(x.float()).type_as(x) * weight
+  EXPECT_NE(spec.id(), NormSpec::from_pattern(norm_pattern("rms_norm_handwritten", "rms_norm", "bf16", 4096, true,
+                                                           false, "", "f16"))
+                           .id());
+  // Written out without the cast back: no rounding before the weight.
+  EXPECT_FALSE(
+      NormSpec::from_pattern(norm_pattern("rms_norm_handwritten", "rms_norm", "bf16", 4096, true, false, "f32"))
+          .round_before_weight);
   const auto k = emit_norm(spec, norm_configs(spec)[1]);
   EXPECT_NE(k.source.find("constexpr bool kRoundBeforeWeight = true;"), std::string::npos);
   expect_golden(k, "norm_rms_norm_bf16_4096_t256.cu");

@@ -275,6 +275,14 @@ TEST_F(RegistryCli, ALaterMeasurementReplacesTheStoredOne) {
   }
   EXPECT_TRUE(saw_new);
   EXPECT_FALSE(saw_old_kept);
+  // A later failure of a passed kernel (a transient fault) does not replace the measurement.
+  doc["rows"][0]["created"] = "2026-03-01 00:00:00";
+  doc["rows"][0]["disposition"] = "fault";
+  ASSERT_EQ(doc["rows"][0]["time_us"], 1.25);
+  EXPECT_EQ(dst.import_json(doc).updated, 0u);
+  for (const auto& e : dst.list({})) {
+    if (e.row.time_us == 1.25) EXPECT_EQ(e.row.disposition, "passed");
+  }
 }
 
 TEST_F(RegistryCli, SeedFileImports) {

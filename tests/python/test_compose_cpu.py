@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -850,7 +851,7 @@ def test_torch_compile_backend_fact(engine_available, dynamo_reset, monkeypatch)
     torch.manual_seed(15)
     model, x = SmallGelu().eval(), torch.randn(4, 32)
     compiled = torch.compile(model, backend="fact")
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():  # inference
         warnings.simplefilter("always")
         out = compiled(x)
     assert rel_err(out, eager(model, x)) < 1e-6
@@ -860,7 +861,21 @@ def test_torch_compile_backend_fact(engine_available, dynamo_reset, monkeypatch)
         assert all(isinstance(m, OptimizedModule) for m in built)
         assert runs and runs[0] is built[0]
     y = torch.randn(4, 32)
-    assert rel_err(compiled(y), eager(model, y)) < 1e-6
+    with torch.no_grad():
+        assert rel_err(compiled(y), eager(model, y)) < 1e-6
+
+
+def test_torch_compile_backend_leaves_training_graphs_alone(engine_available, dynamo_reset):
+    """With gradients wanted, FACT (inference only) keeps Dynamo's graph: backward works."""
+    import fact.backend  # noqa: F401
+
+    torch.manual_seed(17)
+    model, x = SmallGelu().train(), torch.randn(4, 32)
+    compiled = torch.compile(model, backend="fact")
+    with pytest.warns(UserWarning, match="needs gradients, so it runs as captured"):
+        out = compiled(x)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_torch_compile_backend_falls_back_to_the_captured_graph(dynamo_reset, monkeypatch):
@@ -874,7 +889,24 @@ def test_torch_compile_backend_falls_back_to_the_captured_graph(dynamo_reset, mo
     torch.manual_seed(16)
     model, x = SmallGelu().eval(), torch.randn(4, 32)
     compiled = torch.compile(model, backend="fact")
-    with pytest.warns(UserWarning, match="runs as captured: refused on purpose"):
+    with pytest.warns(UserWarning, match="runs as captured: refused on purpose"), torch.no_grad():
+        out = compiled(x)
+    assert rel_err(out, eager(model, x)) < 1e-6
+
+
+def test_torch_compile_backend_survives_any_failure(dynamo_reset, monkeypatch):
+    """Not only FactError: whatever optimize raises, the captured graph runs."""
+    import fact.backend  # noqa: F401
+    import fact.compose.optimize as optimize_mod
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+    monkeypatch.setattr(optimize_mod, "optimize", crash)
+    torch.manual_seed(18)
+    model, x = SmallGelu().eval(), torch.randn(4, 32)
+    compiled = torch.compile(model, backend="fact")
+    with pytest.warns(UserWarning, match="same dtype"), torch.no_grad():
         out = compiled(x)
     assert rel_err(out, eager(model, x)) < 1e-6
 
@@ -927,3 +959,96 @@ def test_rel_err_tolerances_and_fresh_inputs():
     assert float(fresh[0].std()) == pytest.approx(3, rel=0.1)
     assert torch.equal(fresh_inputs([x], seed=0)[0], fresh[0])
     assert not torch.equal(fresh_inputs([x], seed=1)[0], fresh[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. Regressions from the review of stage 3
+
+
+class RMSNormNoCast(nn.Module):
+    """Written out without the cast back: the result stays float32 (x.float() * ... * weight)."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+
+    def forward(self, x):
+        h = x.float()
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def test_rms_norm_without_a_cast_back_keeps_float32(engine_available, tmp_path):
+    torch.manual_seed(21)
+    model = RMSNormNoCast().to(torch.bfloat16).eval()
+    x = torch.randn(4, 16, 64, dtype=torch.bfloat16)
+    plan = fact.discover(model, [x])
+    (norm,) = [p for p in plan["patterns"] if p["family"] == "norm"]
+    assert "round_to" not in norm["attrs"]  # nothing rounds before the weight
+    opt = fact.optimize(model, [x], require_faster=False, use_cache=False, run_dir=tmp_path / "r",
+                        quiet=True)  # fmt: skip
+    y = torch.randn_like(x)
+    out, ref = opt(y), eager(model, y)
+    assert out.dtype == ref.dtype == torch.float32
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_rms_norm_op_without_eps_uses_the_float_epsilon(engine_available, tmp_path):
+    """nn.RMSNorm(eps=None) uses the float32 epsilon: a zero row (padding) stays zero."""
+    model = nn.Sequential(nn.RMSNorm(64)).eval()
+    x = torch.randn(4, 64)
+    plan = fact.discover(model, [x])
+    (norm,) = [p for p in plan["patterns"] if p["family"] == "norm"]
+    assert norm["attrs"]["eps"] == pytest.approx(torch.finfo(torch.float32).eps)
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    zero = torch.zeros(4, 64)
+    assert torch.equal(opt(zero), eager(model, zero))
+
+
+def test_inputs_named_like_builtins_can_be_replaced(engine_available, tmp_path):
+    """nn.Sequential's placeholder is `input`, which FX renames in a subgraph."""
+    torch.manual_seed(22)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU()).eval()
+    x = torch.randn(8, 32)
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (p,) = opt.report["patterns"]
+    assert p["chosen"].startswith("reference:"), p
+    assert rel_err(opt(x), eager(model, x)) < 1e-6
+
+
+def test_calls_unlike_the_build_run_the_original_module(engine_available, tmp_path):
+    torch.manual_seed(23)
+    model, x = SmallGelu().eval(), torch.randn(4, 32)
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    assert rel_err(opt(x), eager(model, x)) < 1e-6
+    other = torch.randn(8, 32)  # another batch size: the kernels' views were built for 4
+    with pytest.warns(UserWarning, match="optimized for other input shapes"):
+        out = opt(other)
+    assert out.shape == (8, 64) and rel_err(out, eager(model, other)) < 1e-6
+    model.double()  # parameters change dtype: also the original module
+    assert opt(x.double()).dtype == torch.float64
+
+
+def test_same_values_reloaded_into_a_watched_buffer_keep_the_kernels(ref_opt):
+    """load_state_dict of the same checkpoint bumps the mask's version, not its values."""
+    model, x, opt, _ = ref_opt
+    model.load_state_dict(model.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "changed after optimize" warning
+        assert rel_err(opt(x), eager(model, x)) < 1e-5
+
+
+def test_fresh_inputs_keep_masks_of_minus_infinity():
+    mask = torch.zeros(4, 4)
+    mask[:, 2:] = -math.inf
+    (fresh,) = fresh_inputs([mask], seed=0)
+    assert torch.equal(torch.isinf(fresh), torch.isinf(mask))
+    assert bool(torch.isfinite(fresh[:, :2]).all()) and not torch.equal(fresh[:, :2], mask[:, :2])
+
+
+def test_dtype_mismatch_is_an_error():
+    a = torch.ones(3)
+    assert rel_err(a.to(torch.bfloat16), a) == math.inf
+    assert rel_err(a, a.double()) == 0.0  # a float64 reference compares any dtype

@@ -293,11 +293,18 @@ class RmsNormLibrary(Impl):
         cols = int((pattern.get("problem") or {}).get("cols", val.shape[-1]))
         dtype = val.dtype
         xf = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32})
-        normed = graph.call_function(aten.rms_norm.default, (xf, [cols], None, self.eps))
-        cast = graph.call_function(aten._to_copy.default, (normed,), {"dtype": x.meta["val"].dtype})
-        if weight is None:
-            return graph.call_function(aten._to_copy.default, (cast,), {"dtype": dtype})
-        return graph.call_function(aten.mul.Tensor, (cast, weight))
+        out = graph.call_function(aten.rms_norm.default, (xf, [cols], None, self.eps))
+        current = torch.float32
+        round_to = (pattern.get("attrs") or {}).get("round_to")
+        if weight is not None and round_to not in (None, "f32"):  # the model's .type_as(x)
+            current = torch_dtype(round_to)
+            out = graph.call_function(aten._to_copy.default, (out,), {"dtype": current})
+        if weight is not None:
+            out = graph.call_function(aten.mul.Tensor, (out, weight))
+            current = torch.promote_types(current, weight.meta["val"].dtype)
+        if current != dtype:
+            out = graph.call_function(aten._to_copy.default, (out,), {"dtype": dtype})
+        return out
 
 
 def run_norm_pattern(
@@ -315,10 +322,9 @@ class NormImpl(Impl):
         kind = attrs.get("kind")
         if pattern.get("family") != "norm" or kind not in ("layer_norm", "rms_norm"):
             raise NotSupportedError(f"norm kind {kind!r}")
-        info = library.info if library is not None else {}
-        rbw = info.get("round_before_weight")
-        if rbw is None:
-            rbw = pattern.get("rule") == "rms_norm_handwritten" and attrs.get("dtype_in") != "f32"
+        roles = {o.get("role") for o in pattern.get("operands") or []}
+        round_to = attrs.get("round_to")
+        rounds = "weight" in roles and round_to not in (None, "f32")
         entry = NormKernel(
             kind,
             int((pattern.get("problem") or {})["cols"]),
@@ -326,7 +332,7 @@ class NormImpl(Impl):
             torch_dtype(attrs["dtype_out"]),
             backend,
             library,
-            bool(rbw),
+            torch_dtype(round_to) if rounds else None,
             label,
         )
         self.handle = register_kernel(entry)

@@ -53,7 +53,7 @@ class NormKernel:
     out_dtype: torch.dtype
     backend: str  # cutlass (a generated library) | reference
     library: KernelLibrary | None = None
-    round_before_weight: bool = False
+    round_to: torch.dtype | None = None  # the model's cast before * weight (.type_as(x))
     label: str = ""
 
 
@@ -91,9 +91,27 @@ def _problem(a: torch.Tensor, b: torch.Tensor) -> dict[str, int]:
     return {"batch": batch, "m": a.shape[-2], "n": b.shape[-1], "k": a.shape[-1]}
 
 
+def _check_dtypes(label: str, pairs) -> None:
+    """The kernel reads raw bits: a tensor of another dtype or device would be misread."""
+    for name, t, dtype in pairs:
+        if t.dtype != dtype or not t.is_cuda:
+            raise FactError(
+                f"{label}: {name} is {t.dtype} on {t.device}, the kernel reads {dtype} on CUDA"
+            )
+
+
 def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
     lib = entry.library
     assert lib is not None
+    spec = entry.spec
+    _check_dtypes(
+        entry.label or lib.name,
+        [("A", a, torch_dtype(spec.dtype_a)), ("B", b, torch_dtype(spec.dtype_b))]
+        + [
+            (f"operand {o.index}", t, torch_dtype(o.dtype))
+            for t, o in zip(operands, spec.operands, strict=True)
+        ],
+    )
     inputs = GemmInputs(entry.spec, _problem(a, b), a, b, list(operands), out, 0, a.device)
     args = gemm_args(inputs, entry.knobs, _sm_count(a.device))
     status = lib.can_implement(args)
@@ -140,8 +158,8 @@ def _norm_reference(entry: NormKernel, x, weight, bias) -> torch.Tensor:
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + entry.eps)
     else:
         y = torch.nn.functional.layer_norm(xf, (entry.cols,), eps=entry.eps)
-    if entry.round_before_weight:
-        y = y.to(x.dtype).float()
+    if entry.round_to is not None:
+        y = y.to(entry.round_to).float()
     if weight is not None:
         y = y * weight.float()
     if bias is not None:
@@ -158,6 +176,13 @@ def norm(
     if entry.backend == "reference":
         return _norm_reference(entry, x, weight, bias)
     lib = entry.library
+    wanted = torch_dtype(lib.info.get("dtype_in", "f32"))
+    weights = [(n, t) for n, t in (("weight", weight), ("bias", bias)) if t is not None]
+    w_dtype = lib.info.get("dtype_weight") or "f32"
+    _check_dtypes(
+        entry.label,
+        [("x", x, wanted)] + [(n, t, torch_dtype(w_dtype)) for n, t in weights],
+    )
     x2 = x.reshape(-1, entry.cols)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

@@ -97,6 +97,8 @@ def rel_err(out: Any, ref: Any) -> float:
             continue
         if not isinstance(r, torch.Tensor) or o.shape != r.shape:
             return math.inf
+        if r.dtype != torch.float64 and o.dtype != r.dtype:
+            return math.inf  # the model's dtype is part of its function
         worst = max(worst, tensor_err(o.detach(), r.detach())[0])
     return worst
 
@@ -130,7 +132,13 @@ class OptimizedModule(nn.Module):
     live parameters and buffers. Inference only: it runs under torch.no_grad()."""
 
     def __init__(
-        self, original: nn.Module, program: Program, graph_module, report: dict, cuda_graphs: bool
+        self,
+        original: nn.Module,
+        program: Program,
+        graph_module,
+        report: dict,
+        cuda_graphs: bool,
+        example: Sequence[Any] = (),
     ):
         super().__init__()
         self.original = original  # a submodule: parameters() and state_dict() are shared
@@ -139,6 +147,23 @@ class OptimizedModule(nn.Module):
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_graph_module", graph_module)
         object.__setattr__(self, "_replay", None)
+        # What the kernels were built for: shapes, dtypes and devices of inputs and state.
+        flat = program.flatten(example) if example else []
+        object.__setattr__(self, "_built_for", _signature(flat, program.state_inputs()))
+
+    def _unlike_build(self, flat: Sequence[Any]) -> bool:
+        """True (with a warning, once) when inputs or parameters no longer match the build."""
+        if _signature(flat, self._program.state_inputs()) == self._built_for:
+            return False
+        if not getattr(self, "_warned_unlike", False):
+            warnings.warn(
+                "FACT: this module was optimized for other input shapes, dtypes or devices (or "
+                "its parameters changed dtype or device since); it runs the original module "
+                "for such calls. Optimize again for the new ones.",
+                stacklevel=3,
+            )
+            object.__setattr__(self, "_warned_unlike", True)
+        return True
 
     @property
     def graph_module(self):
@@ -150,6 +175,8 @@ class OptimizedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             flat = self._program.flatten(args, kwargs)
+            if self._built_for is not None and self._unlike_build(flat):
+                return self.original(*args, **kwargs)
             stale = self._program.stale_buffers()
             if stale:
                 return self._program.unflatten(self._original_graph(flat, stale))
@@ -188,6 +215,16 @@ class OptimizedModule(nn.Module):
             replay = _CudaGraph(self.run_graph, flat, key)
             object.__setattr__(self, "_replay", replay)
         return replay(flat)
+
+
+def _signature(flat: Sequence[Any], state: Sequence[Any]) -> tuple | None:
+    """Shapes, dtypes and devices of the user inputs and the model's state (None: no example)."""
+    if not flat:
+        return None
+    return tuple(
+        (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else ("value", repr(t))
+        for t in [*flat, *state]
+    )
 
 
 def _graphable(flat: Sequence[Any]) -> bool:
@@ -280,8 +317,8 @@ def evaluate(
         "message": "",
     }
     try:
-        sub, names = subgraph(program, program.graph_module.graph, pattern)
-        replace(sub, pattern, impl.emit)
+        sub, names, aliases = subgraph(program, program.graph_module.graph, pattern)
+        replace(sub, pattern, impl.emit, aliases)
         module = program.module(sub)
         args = [values[n] for n in names]
         expected = values[pattern["output"]]
@@ -337,10 +374,11 @@ def choose(
             continue
         progress(f"checking pattern {index} {pattern.get('signature')} ({len(options)} options)")
         try:
-            sub, names = subgraph(program, program.graph_module.graph, pattern)
+            sub, names, _ = subgraph(program, program.graph_module.graph, pattern)
             module = program.module(sub)
             args = [values[n] for n in names]
-            d["eager_us"] = time_us(lambda m=module, a=args: m(*a), device)
+            with torch.no_grad():  # as the candidates are timed
+                d["eager_us"] = time_us(lambda m=module, a=args: m(*a), device)
         except Exception as exc:  # noqa: BLE001
             d["reason"] = f"the pattern's subgraph cannot run alone: {exc}"
             decisions.append(d)
@@ -420,11 +458,14 @@ def fresh_inputs(example: Sequence[Any], seed: int) -> list[Any]:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             return t
         t = t.detach()
-        std = float(t.float().std()) if t.numel() > 1 else 1.0
+        finite = torch.isfinite(t)
+        values = t[finite].float()
+        std = float(values.std()) if values.numel() > 1 else 1.0
         std = std if math.isfinite(std) and std > 0 else 1.0
-        mean = float(t.float().mean())
+        mean = float(values.mean()) if values.numel() else 0.0
         r = torch.randn(t.shape, generator=gen, dtype=torch.float32) * std + mean
-        return r.to(device=t.device, dtype=t.dtype)
+        # -inf entries (an additive mask) and NaNs stay where they were
+        return torch.where(finite, r.to(device=t.device, dtype=t.dtype), t)
 
     return pytree.tree_map(one, list(example))
 
@@ -471,10 +512,7 @@ def verify_end_to_end(
         "attempts": [],
     }
     while True:
-        gm = compose(program, plan, decisions)
-        with torch.no_grad():
-            out = program.unflatten(list(gm(*program.state_inputs(), *flat)))
-        err = rel_err(out, ref)
+        gm, err = _composed_error(program, plan, decisions, flat, ref)
         active = [d for d in decisions if d.get("impl") is not None and not d.get("fallback")]
         record["attempts"].append({"error": err, "patterns": [d["index"] for d in active]})
         progress(
@@ -494,16 +532,28 @@ def verify_end_to_end(
         progress(f"pattern {worst['index']} falls back to PyTorch: {worst['reason']}")
 
 
+def _composed_error(program, plan, decisions, flat, ref) -> tuple[Any, float]:
+    """Compose with the active decisions and measure; a composition or run that raises counts
+    as an infinite error (it falls back like a wrong one)."""
+    gm = None
+    try:
+        gm = compose(program, plan, decisions)
+        with torch.no_grad():
+            out = program.unflatten(list(gm(*program.state_inputs(), *flat)))
+        return gm, rel_err(out, ref)
+    except Exception:  # noqa: BLE001 - any failure of a replacement is a reason to drop it
+        if not any(d.get("impl") is not None and not d.get("fallback") for d in decisions):
+            raise  # the original graph itself fails: nothing to fall back to
+        return gm, math.inf
+
+
 def _most_harmful(program, plan, decisions, active, flat, ref) -> dict[str, Any]:
     """The active pattern whose fallback alone lowers the module's error the most."""
     best, best_err = active[0], math.inf
     for d in active:
         d["fallback"] = True
         try:
-            gm = compose(program, plan, decisions)
-            with torch.no_grad():
-                out = program.unflatten(list(gm(*program.state_inputs(), *flat)))
-            err = rel_err(out, ref)
+            _, err = _composed_error(program, plan, decisions, flat, ref)
         finally:
             d["fallback"] = False
         if err < best_err:
@@ -515,12 +565,26 @@ def _most_harmful(program, plan, decisions, active, flat, ref) -> dict[str, Any]
 # The decision cache: what a warm run reuses
 
 
-def cache_key(graph: Mapping[str, Any], precision: str, arch: str, device: torch.device) -> str:
+def cache_key(
+    graph: Mapping[str, Any],
+    precision: str,
+    arch: str,
+    device: torch.device,
+    options: Mapping[str, Any] | None = None,
+) -> str:
     from fact.tracer import dumps_graph
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     text = "\n".join(
-        [dumps_graph(dict(graph, source="")), precision, arch, gpu, __version__, _code_digest()]
+        [
+            dumps_graph(dict(graph, source="")),
+            precision,
+            arch,
+            gpu,
+            __version__,
+            _code_digest(),
+            json.dumps(dict(options or {}), sort_keys=True),
+        ]
     )
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -559,6 +623,14 @@ def _save_decisions(path: Path, plan, decisions) -> None:
 
 
 def _load_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | None:
+    """The cached decisions, or None when there are none or they cannot be used any more."""
+    try:
+        return _read_decisions(path, device)
+    except (FactError, KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None  # a damaged or outdated record: decide again
+
+
+def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | None:
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -641,7 +713,18 @@ def optimize(
         graph = graph_from_program(
             exported, source=type(model).__name__, model=type(model).__name__
         )
-        key = cache_key(graph, precision, arch, device)
+        key = cache_key(
+            graph,
+            precision,
+            arch,
+            device,
+            {"candidates": candidates, "require_faster": require_faster},
+        )
+        program.watch(
+            n["target"]
+            for n in graph["nodes"]
+            if n.get("op") == "placeholder" and n.get("kind") == "buffer" and n.get("facts")
+        )
         run = Path(run_dir) if run_dir else cache_root() / "runs" / key[:16]
         run.mkdir(parents=True, exist_ok=True)
         graph_path = save_graph(graph, run / "graph.json")
@@ -726,7 +809,7 @@ def optimize(
         "cuda_graphs": False,
         "transcript": progress.lines,
     }
-    opt = OptimizedModule(model, program, gm, report, False)
+    opt = OptimizedModule(model, program, gm, report, False, example)
     if cuda_graphs and device.type == "cuda":
         report["replay"] = choose_replay(opt, example)
         opt.cuda_graphs = report["cuda_graphs"] = report["replay"]["chosen"] == "cuda_graph"

@@ -55,14 +55,17 @@ class Program:
                 f"{', '.join(random)}: active dropout?); FACT optimizes inference, so call "
                 "model.eval() first"
             )
-        # Buffers' values may be baked into the plan (a tril buffer becomes a causal flag):
-        # remember which tensor and version each had, so a later change is noticed.
-        self.watched = [
-            (spec.target, self.model.get_buffer(spec.target))
-            for spec in self.input_specs
-            if spec.kind == InputKind.BUFFER
-        ]
-        self.versions = [(t, t._version) for _, t in self.watched]
+        # Buffers whose values the plan may rely on (a tril buffer becomes a causal flag):
+        # remember the tensor, its version and its values, so a later change is noticed.
+        self.watched: list[tuple[str, torch.Tensor, int, torch.Tensor]] = []
+        self.watch(spec.target for spec in self.input_specs if spec.kind == InputKind.BUFFER)
+
+    def watch(self, targets: Iterable[str]) -> None:
+        """Watch exactly these buffers (by name) for changes from now on."""
+        self.watched = []
+        for name in targets:
+            t = self.model.get_buffer(name)
+            self.watched.append((name, t, t._version, t.detach().clone()))
 
     def mutated_inputs(self) -> list[str]:
         """Placeholders (parameters, buffers, inputs) that an in-place op of the graph writes,
@@ -112,12 +115,22 @@ class Program:
         return found
 
     def stale_buffers(self) -> list[str]:
-        """Buffers replaced or updated in place since the program was built."""
+        """Watched buffers that were replaced or hold other values since the program was built.
+
+        The check per call is the tensor's identity and version counter; a changed version with
+        unchanged values (load_state_dict of the same checkpoint) is compared once and
+        accepted. Writes through `.data` bypass the version counter and are not seen.
+        """
         stale = []
-        for (name, _), (tensor, version) in zip(self.watched, self.versions, strict=True):
+        for i, (name, tensor, version, values) in enumerate(self.watched):
             now = self.model.get_buffer(name)
-            if now is not tensor or now._version != version:
-                stale.append(name)
+            if now is tensor and now._version == version:
+                continue
+            same = now.shape == values.shape and now.dtype == values.dtype
+            if same and bool(torch.equal(now.detach(), values.to(now.device))):
+                self.watched[i] = (name, now, now._version, values)
+                continue
+            stale.append(name)
         return stale
 
     # -- feeding the graph ------------------------------------------------------------------
@@ -271,20 +284,22 @@ def replace(
 
 def subgraph(
     program: Program, graph: fx.Graph, pattern: Mapping[str, Any]
-) -> tuple[fx.Graph, list[str]]:
+) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """A standalone graph of one pattern: placeholders for what it reads, its nodes, its output.
-    Returns (graph, names of the read nodes in placeholder order)."""
+    Returns (graph, names of the read nodes in placeholder order, aliases): FX may rename a
+    placeholder (`input` becomes `input_1`), so aliases maps the plan's names to them."""
     reg = region(graph, pattern)
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
+    aliases: dict[str, fx.Node] = {}
     for n in reg.inputs:
         p = sub.placeholder(n.name)
         p.meta.update(n.meta)
-        env[n] = p
+        env[n] = aliases[n.name] = p
     for n in reg.nodes:
         env[n] = sub.node_copy(n, lambda a: env[a])
     sub.output(env[reg.output])
-    return sub, [n.name for n in reg.inputs]
+    return sub, [n.name for n in reg.inputs], aliases
 
 
 def call_function(

@@ -126,6 +126,8 @@ def rel_err(out: Any, ref: Any) -> tuple[float, str]:
             return math.inf, (
                 f"{differ} elements where the reference is NaN/Inf hold something else"
             )
+        if not bool(finite.any()):
+            return math.inf, "the reference has no finite value to compare with"
         note = f"{int(special.sum())} elements NaN/Inf as in the reference"
         out64, ref64 = out64[finite], ref64[finite]
     den = float(torch.linalg.vector_norm(ref64))
