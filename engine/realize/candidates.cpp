@@ -270,11 +270,13 @@ GemmProblem GemmProblem::from_match(const discover::Match& m) {
   p.m = size("m", -1);
   p.n = size("n", -1);
   p.k = size("k", -1);
+  // No defaults: emission (GemmSpec::from_pattern) reads the same attributes strictly, and a
+  // default here would rank configs for a problem other than the one emitted.
   p.dtype_a = attr("dtype_a", nullptr);
-  p.dtype_b = attr("dtype_b", p.dtype_a.c_str());
-  p.dtype_out = attr("dtype_out", p.dtype_a.c_str());
-  p.layout_a = attr("layout_a", "row");
-  p.layout_b = attr("layout_b", "col");
+  p.dtype_b = attr("dtype_b", nullptr);
+  p.dtype_out = attr("dtype_out", nullptr);
+  p.layout_a = attr("layout_a", nullptr);
+  p.layout_b = attr("layout_b", nullptr);
   // The gated kernel keeps gate and up products of a tile on chip (two B tiles per stage, two
   // accumulators) so that the epilogue can form act(gate) * up without a round trip.
   p.b_operands = m.family == Family::gated_mlp ? 2 : 1;

@@ -67,6 +67,20 @@ TEST(Candidates, ProblemFromMatch) {
   EXPECT_THROW(candidates(gemm_match(64, 64, 64), sm80), UserError);
 }
 
+TEST(Candidates, ProblemFromMatchHasNoDefaults) {
+  // Emission reads dtypes and layouts strictly; ranking must not assume any either.
+  for (const char* key : {"dtype_b", "dtype_out", "layout_a", "layout_b"}) {
+    auto m = gemm_match(256, 256, 256);
+    m.attrs.erase(key);
+    try {
+      GemmProblem::from_match(m);
+      ADD_FAILURE() << key << ": no error";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Candidates, EnumerationIsTheLiteralList) {
   const auto p = bf16_problem(8192, 8192, 4096);  // 4096 tiles of 128x128: no stream_k
   const auto all = enumerate_sm90(p);
