@@ -246,6 +246,19 @@ def _shape_list(spec, problem, shapes) -> list[dict[str, Any]]:
     return [resolve_problem(spec, {**base, **dict(s)}) for s in shapes]
 
 
+def _check_result(tol: float, ok: bool) -> dict[str, Any]:
+    """The record verify and verify_pytorch fill in, shape by shape."""
+    return {
+        "ok": ok,
+        "disposition": "passed",
+        "rel_err": {},
+        "seeds": {},
+        "skipped": {},
+        "tolerance": tol,
+        "message": "",
+    }
+
+
 def verify(
     lib: KernelLibrary | str | os.PathLike[str],
     pattern: Any,
@@ -273,15 +286,7 @@ def verify(
     lib = _load(lib)
     dev = _device(device)
     tol = tolerance(spec, precision)
-    result: dict[str, Any] = {
-        "ok": False,
-        "disposition": "passed",
-        "rel_err": {},
-        "seeds": {},
-        "skipped": {},
-        "tolerance": tol,
-        "message": "",
-    }
+    result = _check_result(tol, ok=False)
     mismatch = check_kernel_info(lib.info, spec)
     if mismatch:
         result.update(
@@ -338,15 +343,7 @@ def verify_pytorch(
     spec = gemm_spec(pattern) if isinstance(pattern, dict) else pattern
     dev = _device(device)
     tol = tolerance(spec, precision)
-    result: dict[str, Any] = {
-        "ok": True,
-        "disposition": "passed",
-        "rel_err": {},
-        "seeds": {},
-        "skipped": {},
-        "tolerance": tol,
-        "message": "",
-    }
+    result = _check_result(tol, ok=True)
     notes = []
     for prob in _shape_list(spec, problem, shapes):
         label = problem_label(prob)
