@@ -84,7 +84,17 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
   const auto& g = r.graph;
   const auto& d = r.discovery;
   json patterns = json::array();
-  for (const auto& c : d.chosen) patterns.push_back(pattern_json(g, c, hw.arch, reg));
+  for (const auto& c : d.chosen) {
+    patterns.push_back(pattern_json(g, c, hw.arch, reg));
+    if (c.match.family == discover::Family::gated_mlp) {
+      // How stage 2 realizes it: the gate GEMM with act(acc) * up in its epilogue.
+      try {
+        patterns.back()["lowered"] = realize::lower_gated_mlp(patterns.back());
+      } catch (const realize::NotSupported&) {
+        // no fused form: realize reports the pattern as not supported
+      }
+    }
+  }
   json pytorch = json::array();
   for (int id : d.uncovered) pytorch.push_back({{"name", g.node(id).name}, {"op", g.node(id).target_op}});
   json free = json::array();
@@ -201,7 +211,25 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       }
       continue;
     }
-    if (!realize::supports_candidates(match, opt.discover.arch)) {
+    // A gated MLP is realized as its gate GEMM with act(acc) * up fused into the epilogue
+    // (the up projection stays PyTorch's GEMM); the plan keeps that GEMM pattern as "lowered".
+    json gemm_pattern = pattern;
+    discover::Match gemm_match = match;
+    if (match.family == discover::Family::gated_mlp) {
+      if (!pattern.contains("lowered")) {
+        try {
+          realize::lower_gated_mlp(pattern);  // throws with the reason
+        } catch (const realize::NotSupported& e) {
+          refuse(base, e.what());
+        }
+        continue;
+      }
+      gemm_pattern = pattern["lowered"];
+      gemm_match.family = discover::Family::gemm;
+      gemm_match.epilogue = gemm_pattern["epilogue"].get<std::vector<std::string>>();
+      gemm_match.operands.push_back({"up", -1, "full"});
+    }
+    if (!realize::supports_candidates(gemm_match, opt.discover.arch)) {
       refuse(base, std::string("no kernel family for ") + discover::family_name(match.family) + " on " +
                        opt.discover.arch + " yet");
       continue;
@@ -209,13 +237,13 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     realize::Candidates cands;
     realize::GemmSpec spec;
     try {
-      spec = realize::GemmSpec::from_pattern(pattern);
+      spec = realize::GemmSpec::from_pattern(gemm_pattern);
       realize::CandidateOptions copt;
       copt.arch = opt.discover.arch;
       copt.top_n = opt.candidates;
       copt.precision = r.plan["float32_matmul_precision"];
       copt.registry = reg ? &*reg : nullptr;
-      cands = realize::candidates(match, copt);
+      cands = realize::candidates(gemm_match, copt);
     } catch (const realize::NotSupported& e) {
       refuse(base, e.what());
       continue;

@@ -253,6 +253,49 @@ std::string short_hash(const std::string& text) {
   return std::string(buf).substr(0, 10);
 }
 
+json lower_gated_mlp(const json& p) {
+  if (p.at("family") != "gated_mlp") throw NotSupported("not a gated MLP pattern");
+  const auto& attrs = p.at("attrs");
+  const std::string act = attrs.value("activation", "");
+  static const std::set<std::string> acts = {"silu", "gelu_tanh", "gelu_erf", "relu"};
+  if (!acts.count(act)) throw NotSupported("gated MLP activation '" + act + "' has no epilogue form");
+  if (p.at("problem").value("batch", 1) != 1) throw NotSupported("batched gated MLP");
+  json a, gate;
+  for (const auto& o : p.at("operands")) {
+    if (o.value("role", "") == "a") a = o;
+    if (o.value("role", "") == "b_gate") gate = o;
+  }
+  if (a.is_null() || gate.is_null() || !attrs.contains("up")) {
+    throw NotSupported("gated MLP pattern without its input, gate weight or up projection");
+  }
+  // The up projection's output: the input's leading dims with n columns, in the output dtype.
+  const std::string a_type = a.value("type", "");
+  const auto open = a_type.find('['), last = a_type.rfind(',');
+  std::string up_type = attrs.value("dtype_out", "") + "[" + std::to_string(p.at("problem").at("n").get<int64_t>()) + "]";
+  if (open != std::string::npos && last != std::string::npos && last > open) {
+    up_type = attrs.value("dtype_out", "") + a_type.substr(open, last - open + 1) + " " +
+              std::to_string(p.at("problem").at("n").get<int64_t>()) + "]";
+  }
+  json out = p;
+  out["family"] = "gemm";
+  out["rule"] = "gated_mlp_lowered";
+  out["anchors"] = json::array({attrs.at("gate")});
+  json g = gate;
+  g["role"] = "b";
+  out["operands"] = json::array({a, g, {{"role", "up"}, {"node", attrs.at("up")}, {"type", up_type}, {"broadcast", "full"}}});
+  out["epilogue"] = json::array({act, "mul"});
+  out["epilogue_expr"] = {{"text", act + "(acc) * up"},
+                          {"ssa", json::array({{{"id", 0}, {"op", "acc"}},
+                                               {{"id", 1}, {"op", "operand"}, {"index", 0}},
+                                               {{"id", 2}, {"op", act}, {"args", {0}}},
+                                               {{"id", 3}, {"op", "mul"}, {"args", {2, 1}}}})}};
+  out["signature"] = "gemm[" + act + "+mul]:" + attrs.value("dtype_a", "") + "," + attrs.value("dtype_b", "") + "->" +
+                     attrs.value("dtype_out", "") + ":" + attrs.value("layout_a", "") + "," +
+                     attrs.value("layout_b", "");  // as registry::signature of that GEMM
+  out.erase("lowered");
+  return out;
+}
+
 EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   // f32 operands run as tf32 WGMMA; CUTLASS's builder transposes non-K-major operands itself.
   if (c.math == "3xtf32") throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels, not emitted yet");

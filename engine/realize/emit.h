@@ -48,6 +48,13 @@ struct EmittedKernel {
 
 EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& config);
 
+// A gated MLP, act(x @ W_gate^T) * (x @ W_up^T), as one GEMM pattern with a fused epilogue:
+// the up projection stays a plain GEMM (PyTorch's) and the gate GEMM's epilogue computes
+// act(acc) * up, reading `up` as a full operand. Returns the plan pattern of that GEMM
+// (family gemm, rule gated_mlp_lowered, an "up" operand naming the up projection's node);
+// NotSupported for activations the epilogue vocabulary lacks or a batched problem.
+nlohmann::json lower_gated_mlp(const nlohmann::json& pattern);
+
 // ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
 std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
 

@@ -152,6 +152,33 @@ TEST(Emit, UnsupportedPatternsSayWhy) {
   EXPECT_THROW(emit_gemm_sm90(GemmSpec::from_pattern(cast_int), c), NotSupported);
 }
 
+TEST(Emit, GatedMlpLowersToTheGateGemmWithActTimesUp) {
+  json gated = {{"family", "gated_mlp"},
+                {"rule", "gated_mlp"},
+                {"nodes", {"gate", "act", "up", "prod"}},
+                {"anchors", {"gate", "up"}},
+                {"output", "prod"},
+                {"problem", {{"batch", 1}, {"m", 64}, {"n", 96}, {"k", 32}}},
+                {"attrs", {{"activation", "silu"}, {"dtype_a", "bf16"}, {"dtype_b", "bf16"}, {"dtype_out", "bf16"},
+                           {"layout_a", "row"}, {"layout_b", "col"}, {"gate", "gate"}, {"up", "up"}}},
+                {"operands", {operand("a", "bf16[2, 32, 32]"), operand("b_gate", "bf16[96, 32]"),
+                              operand("b_up", "bf16[96, 32]")}},
+                {"signature", "gated_mlp[silu+mul]:bf16,bf16->bf16:row,col"}};
+  const json g = lower_gated_mlp(gated);
+  EXPECT_EQ(g["family"], "gemm");
+  EXPECT_EQ(g["signature"], "gemm[silu+mul]:bf16,bf16->bf16:row,col");
+  EXPECT_EQ(g["epilogue_expr"]["text"], "silu(acc) * up");
+  ASSERT_EQ(g["operands"].size(), 3u);
+  EXPECT_EQ(g["operands"][1]["role"], "b");
+  EXPECT_EQ(g["operands"][2], json({{"role", "up"}, {"node", "up"}, {"type", "bf16[2, 32, 96]"}, {"broadcast", "full"}}));
+  const auto spec = GemmSpec::from_pattern(g);  // emission takes it as any GEMM pattern
+  ASSERT_EQ(spec.operands.size(), 1u);
+  EXPECT_EQ(spec.operands[0].kind, "full");
+  auto odd = gated;
+  odd["attrs"]["activation"] = "softsign";
+  EXPECT_THROW(lower_gated_mlp(odd), NotSupported);
+}
+
 TEST(Substitute, IsStrict) {
   EXPECT_EQ(substitute("a ${x} b ${y}", {{"x", "1"}, {"y", "2"}}), "a 1 b 2");
   EXPECT_THROW(substitute("a ${x} ${z}", {{"x", "1"}}), InternalError);        // no value for z

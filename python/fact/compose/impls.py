@@ -210,6 +210,37 @@ class CublasLtGemm(Impl):
         )
 
 
+class GatedGemmImpl(GemmImpl):
+    """A gated MLP, act(x W_gate^T) * (x W_up^T), as PyTorch's up projection plus one
+    generated gate GEMM whose epilogue computes act(acc) * up (the plan's "lowered" pattern):
+    the activation and the product never round-trip through memory."""
+
+    def __init__(
+        self, pattern: Mapping[str, Any], backend: str, library=None, knobs=None, label=""
+    ):
+        lowered = pattern.get("lowered")
+        if pattern.get("family") != "gated_mlp" or not lowered:
+            raise NotSupportedError("not a gated MLP with a fused-epilogue form")
+        super().__init__(lowered, backend, library, knobs, label)
+        self.detail["lowered"] = lowered.get("signature")
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        roles = {o.get("role"): o.get("node") for o in pattern.get("operands") or []}
+        anchors = [n for n in reg.nodes if n.name in (pattern.get("anchors") or [])]
+        if len(anchors) != 2 or any(n.target not in _LINEAR for n in anchors):
+            raise NotSupportedError("gated MLP projections that are not linear layers")
+        if any(len(n.args) > 2 and n.args[2] is not None for n in anchors):
+            raise NotSupportedError("gated MLP projections with a bias")
+        x = reg.input(roles["a"])
+        up = graph.call_function(aten.linear.default, (x, reg.input(roles["b_up"])))
+        out_shape = list(reg.output.meta["val"].shape)
+        return graph.call_function(
+            run_gemm_pattern,
+            (x, reg.input(roles["b_gate"]), [up]),
+            {"kernel": self.handle, "form": "linear", "out_shape": out_shape},
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention
 

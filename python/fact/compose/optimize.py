@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fact import __version__
-from fact.compose.impls import GemmImpl, Impl, NormImpl, library_impls
+from fact.compose.impls import GatedGemmImpl, GemmImpl, Impl, NormImpl, library_impls
 from fact.compose.program import Program, replace, subgraph
 from fact.errors import FactError
 
@@ -423,9 +423,9 @@ def _realize_note(run: Path, index: int, tuned: Sequence[Mapping[str, Any]]) -> 
 
 def _no_impl_reason(pattern: Mapping[str, Any], device: torch.device) -> str:
     family = pattern.get("family")
-    if family in ("gemm", "norm") and device.type != "cuda":
+    if family in ("gemm", "norm", "gated_mlp") and device.type != "cuda":
         return "no GPU: generated kernels cannot run here"
-    if family == "gemm":
+    if family in ("gemm", "gated_mlp"):
         return "no usable generated kernel"
     if family == "attention":
         return "no attention kernel for this form yet (a CUTLASS FMHA is not emitted yet)"
@@ -662,6 +662,8 @@ def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str,
     lib = KernelLibrary(library)
     if lib.family == "norm":
         impl: Impl = NormImpl(pattern, "cutlass", lib, label=lib.name)
+    elif pattern.get("family") == "gated_mlp":
+        impl = GatedGemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     else:
         impl = GemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     impl.library_path = str(library)
@@ -761,7 +763,7 @@ def optimize(
             options: dict[int, list[Impl]] = {}
             for index, pattern in enumerate(plan.get("patterns") or []):
                 opts: list[Impl] = []
-                keep = 2 if pattern.get("family") == "gemm" else None  # the tuner's top two
+                keep = None if pattern.get("family") == "norm" else 2  # the tuner's top two
                 for row in [r for r in tuned.get(index, []) if r.get("library")][:keep]:
                     try:
                         opts.append(generated_impl(pattern, row["library"], row.get("knobs") or {}))

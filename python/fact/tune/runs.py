@@ -9,6 +9,11 @@ from fact.engine import run_engine
 from fact.tune.reference import GEMM_FAMILIES
 
 
+def tuned_pattern(pattern: dict) -> dict:
+    """The pattern its kernels compute: a gated MLP's lowered GEMM (docs/plan-format.md)."""
+    return pattern.get("lowered") or pattern
+
+
 def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
     """The run's manifest entries that the registry has no passed row for (same signature,
     arch, problem and config), or None when there is no registry to ask yet."""
@@ -33,7 +38,7 @@ def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
     for entry in json.loads((run / "manifest.json").read_text()):
         if not entry.get("library"):
             continue
-        pattern = plan["patterns"][entry["pattern_index"]]
+        pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]])
         key = (
             pattern["signature"],
             plan.get("arch", "sm90"),
@@ -72,10 +77,14 @@ def tune_run(
     pending = built if pending is None else [by_kernel[e["kernel"]] for e in pending]
     # Only GEMM-family kernels go through the harness; the others (row norms) are verified and
     # timed where they run, in the composed module's context, and listed untimed below.
-    pending = [e for e in pending if e.get("family", "gemm") in GEMM_FAMILIES]
+    pending = [
+        e
+        for e in pending
+        if tuned_pattern(plan["patterns"][e["pattern_index"]]).get("family") in GEMM_FAMILIES
+    ]
     fresh: list[dict] = []
     for index in sorted({e["pattern_index"] for e in pending}):
-        pattern = plan["patterns"][index]
+        pattern = tuned_pattern(plan["patterns"][index])
         entries = [e for e in pending if e["pattern_index"] == index]
         if progress:
             progress(f"tuning pattern {index} {pattern.get('signature')}: {len(entries)} kernels")
@@ -99,7 +108,7 @@ def tune_run(
     best: dict[int, list[dict]] = {}
     for entry in built:
         index = entry["pattern_index"]
-        pattern = plan["patterns"][index]
+        pattern = tuned_pattern(plan["patterns"][index])
         name = entry["config"].get("name")
         if pattern.get("family") not in GEMM_FAMILIES:
             best.setdefault(index, []).append(
