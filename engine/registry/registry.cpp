@@ -306,9 +306,9 @@ void Registry::check_schema(bool create) {
   }
 }
 
-std::string Registry::columns() const {
-  return std::string(kEntryColumns) + (knobs_column_ ? ", knobs" : ", '{}'");
-}
+std::string Registry::knobs_sql() const { return knobs_column_ ? "knobs" : "'{}'"; }
+
+std::string Registry::columns() const { return std::string(kEntryColumns) + ", " + knobs_sql(); }
 
 void Registry::insert(const Row& row) {
   exec(db_, path_, "BEGIN IMMEDIATE;");
@@ -325,7 +325,7 @@ std::vector<Hit> Registry::lookup(const std::string& sig, const std::string& arc
                                   const nlohmann::json& problem, size_t limit) const {
   Stmt q(db_, path_,
          (std::string("SELECT problem, config, time_us, error, disposition, provenance, ") +
-          (knobs_column_ ? "knobs" : "'{}'") + " FROM results WHERE signature = ? AND arch = ? AND disposition = 'passed'")
+          knobs_sql() + " FROM results WHERE signature = ? AND arch = ? AND disposition = 'passed'")
              .c_str());
   q.bind(1, sig);
   q.bind(2, arch);

@@ -118,7 +118,8 @@ class Registry {
 
  private:
   Registry(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
-  std::string columns() const;  // the Entry columns, knobs read as '{}' from a schema 1 file
+  std::string knobs_sql() const;  // the knobs column, or '{}' when reading a schema 1 file
+  std::string columns() const;  // the Entry columns, knobs last
   void check_schema(bool create);
   sqlite3* db_ = nullptr;
   std::string path_;

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -21,18 +20,12 @@ from torch.utils import _pytree as pytree
 
 from fact import __version__
 from fact.compose import report as report_mod
-from fact.compose.optimize import optimize, reference_outputs, rel_err
+from fact.compose.optimize import optimize, reference_outputs, rel_err, time_us
 from fact.errors import FactError
 from fact.tune.harness import MIN_REPS
 
 BENCH_REPS = 60
 ROUNDS = 3
-
-
-def _time(fn, device: torch.device, reps: int) -> float:
-    from fact.tune.harness import time_fn
-
-    return statistics.median(time_fn(fn, reps=reps, warmup=3, flush=True, device=device))
 
 
 def _max_abs(out: Any, ref: Any) -> float:
@@ -144,7 +137,7 @@ def run_bench(
         for row, (name, module, _) in zip(results, modules, strict=True):
             say(f"timing {name} (round {r + 1}/{ROUNDS})")
             with torch.no_grad():
-                row["rounds_us"].append(_time(lambda m=module: m(*data), device, per_round))
+                row["rounds_us"].append(time_us(lambda m=module: m(*data), device, per_round))
     for row in results:
         row["time_us"] = statistics.median(row["rounds_us"])
     profiles = {}
@@ -171,19 +164,9 @@ def run_bench(
         "optimize": opt.report,
         "profile": profiles,
     }
-    files = report_mod.write(_safe(bench), out)
+    files = report_mod.write(report_mod.json_ready(bench), out)
     say(f"report: {', '.join(str(p) for p in files.values())}")
     return bench
-
-
-def _safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_safe(v) for v in obj]
-    return obj
 
 
 def summary_table(bench: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ implementation verifies and is faster in the module's own context.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +74,19 @@ def _operand(t: torch.Tensor, kind: str, dtype: torch.dtype, batch: int, m: int,
     raise NotSupportedError(f"epilogue operand kind {kind!r}")
 
 
+def role_input(
+    reg: Region, pattern: Mapping[str, Any], role: str, required: bool = True
+) -> fx.Node | None:
+    """The region input that the pattern's operand with this role (a, b, x, weight, ...) reads;
+    None for a missing optional role."""
+    for o in pattern.get("operands") or []:
+        if o.get("role") == role:
+            return reg.input(o["node"])
+    if required:
+        raise NotSupportedError(f"pattern {pattern.get('signature')} has no {role!r} operand")
+    return None
+
+
 def run_gemm_pattern(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -132,8 +144,7 @@ class GemmImpl(Impl):
         roles = [o.get("role") for o in ops]
         if roles.count("a") != 1 or roles.count("b") != 1:
             raise FactError(f"pattern {pattern.get('signature')}: operand roles {roles}")
-        a = reg.input(next(o["node"] for o in ops if o["role"] == "a"))
-        b = reg.input(next(o["node"] for o in ops if o["role"] == "b"))
+        a, b = role_input(reg, pattern, "a"), role_input(reg, pattern, "b")
         extra = [reg.input(o["node"]) for o in ops if o["role"] not in ("a", "b")]
         out_shape = list(reg.output.meta["val"].shape)
         return graph.call_function(
@@ -193,8 +204,7 @@ class CublasLtGemm(Impl):
         if gemm_form(reg, pattern) != "linear":
             raise NotSupportedError("cuBLASLt epilogues are used for linear layers only")
         ops = pattern.get("operands") or []
-        a = reg.input(next(o["node"] for o in ops if o["role"] == "a"))
-        w = reg.input(next(o["node"] for o in ops if o["role"] == "b"))
+        a, w = role_input(reg, pattern, "a"), role_input(reg, pattern, "b")
         rows = [o for o in ops if o.get("broadcast") == "row"]
         fulls = [o for o in ops if o.get("broadcast") == "full"]
         bias = reg.input(rows[0]["node"]) if rows else None
@@ -225,18 +235,17 @@ class GatedGemmImpl(GemmImpl):
         self.detail["lowered"] = lowered.get("signature")
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
-        roles = {o.get("role"): o.get("node") for o in pattern.get("operands") or []}
         anchors = [n for n in reg.nodes if n.name in (pattern.get("anchors") or [])]
         if len(anchors) != 2 or any(n.target not in _LINEAR for n in anchors):
             raise NotSupportedError("gated MLP projections that are not linear layers")
         if any(len(n.args) > 2 and n.args[2] is not None for n in anchors):
             raise NotSupportedError("gated MLP projections with a bias")
-        x = reg.input(roles["a"])
-        up = graph.call_function(aten.linear.default, (x, reg.input(roles["b_up"])))
+        x = role_input(reg, pattern, "a")
+        up = graph.call_function(aten.linear.default, (x, role_input(reg, pattern, "b_up")))
         out_shape = list(reg.output.meta["val"].shape)
         return graph.call_function(
             run_gemm_pattern,
-            (x, reg.input(roles["b_gate"]), [up]),
+            (x, role_input(reg, pattern, "b_gate"), [up]),
             {"kernel": self.handle, "form": "linear", "out_shape": out_shape},
         )
 
@@ -315,11 +324,8 @@ class RmsNormLibrary(Impl):
         super().__init__("rms_norm", "library", {"eps": self.eps})
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
-        roles = {o.get("role"): o.get("node") for o in pattern.get("operands") or []}
-        if "x" not in roles:
-            raise NotSupportedError("the RMSNorm's input is not an operand")
-        x = reg.input(roles["x"])
-        weight = reg.input(roles["weight"]) if "weight" in roles else None
+        x = role_input(reg, pattern, "x")
+        weight = role_input(reg, pattern, "weight", required=False)
         val = reg.output.meta["val"]
         cols = int((pattern.get("problem") or {}).get("cols", val.shape[-1]))
         dtype = val.dtype
@@ -371,10 +377,9 @@ class NormImpl(Impl):
         super().__init__(name, "generated", {"backend": backend})
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
-        roles = {o.get("role"): o.get("node") for o in pattern.get("operands") or []}
-        x = reg.input(roles["x"])
-        weight = reg.input(roles["weight"]) if "weight" in roles else None
-        bias = reg.input(roles["bias"]) if "bias" in roles else None
+        x = role_input(reg, pattern, "x")
+        weight = role_input(reg, pattern, "weight", required=False)
+        bias = role_input(reg, pattern, "bias", required=False)
         return graph.call_function(run_norm_pattern, (x, weight, bias), {"kernel": self.handle})
 
 
@@ -392,7 +397,3 @@ def library_impls(pattern: Mapping[str, Any], device: torch.device | None = None
         except NotSupportedError:
             continue
     return impls
-
-
-def finite(x: float) -> bool:
-    return x is not None and math.isfinite(x)

@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from fact import __version__
 from fact.compose.impls import GatedGemmImpl, GemmImpl, Impl, NormImpl, library_impls
 from fact.compose.program import Program, replace, subgraph
+from fact.compose.report import json_ready
 from fact.errors import FactError
 
 #: relative error bounds: (per pattern against the original subgraph, end to end against float64)
@@ -151,9 +152,9 @@ class OptimizedModule(nn.Module):
         flat = program.flatten(example) if example else []
         object.__setattr__(self, "_built_for", _signature(flat, program.state_inputs()))
 
-    def _unlike_build(self, flat: Sequence[Any]) -> bool:
+    def _unlike_build(self, flat: Sequence[Any], state: Sequence[Any]) -> bool:
         """True (with a warning, once) when inputs or parameters no longer match the build."""
-        if _signature(flat, self._program.state_inputs()) == self._built_for:
+        if _signature(flat, state) == self._built_for:
             return False
         if not getattr(self, "_warned_unlike", False):
             warnings.warn(
@@ -169,24 +170,30 @@ class OptimizedModule(nn.Module):
     def graph_module(self):
         return self._graph_module
 
-    def run_graph(self, flat_user: Sequence[Any]) -> list[Any]:
-        return list(self._graph_module(*self._program.state_inputs(), *flat_user))
+    def run_graph(self, flat_user: Sequence[Any], state: Sequence[Any] | None = None) -> list[Any]:
+        """The composed graph on the user's flat inputs and the model's state (read now when
+        not given)."""
+        state = self._program.state_inputs() if state is None else state
+        return list(self._graph_module(*state, *flat_user))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
             flat = self._program.flatten(args, kwargs)
-            if self._built_for is not None and self._unlike_build(flat):
+            state = self._program.state_inputs()  # once per call: guard, replay key, graph
+            if self._built_for is not None and self._unlike_build(flat, state):
                 return self.original(*args, **kwargs)
             stale = self._program.stale_buffers()
             if stale:
-                return self._program.unflatten(self._original_graph(flat, stale))
+                return self._program.unflatten(self._original_graph(flat, stale, state))
             if self.cuda_graphs and _graphable(flat):
-                outs = self._graphed(flat)
+                outs = self._graphed(flat, state)
             else:
-                outs = self.run_graph(flat)
+                outs = self.run_graph(flat, state)
             return self._program.unflatten(outs)
 
-    def _original_graph(self, flat: Sequence[Any], stale: list[str]) -> list[Any]:
+    def _original_graph(
+        self, flat: Sequence[Any], stale: list[str], state: Sequence[Any]
+    ) -> list[Any]:
         """The exported graph as traced: the plan may have relied on the old buffer values."""
         if not getattr(self, "_warned_stale", False):
             warnings.warn(
@@ -196,11 +203,9 @@ class OptimizedModule(nn.Module):
                 stacklevel=3,
             )
             object.__setattr__(self, "_warned_stale", True)
-        graph = self._program.graph_module
-        return list(graph(*self._program.state_inputs(), *flat))
+        return list(self._program.graph_module(*state, *flat))
 
-    def _graphed(self, flat: Sequence[Any]) -> list[Any]:
-        state = self._program.state_inputs()
+    def _graphed(self, flat: Sequence[Any], state: Sequence[Any]) -> list[Any]:
         key = (
             tuple(
                 (tuple(t.shape), t.dtype, t.device, t.stride())
@@ -317,7 +322,7 @@ def evaluate(
         "message": "",
     }
     try:
-        sub, names, aliases = subgraph(program, program.graph_module.graph, pattern)
+        sub, names, aliases = subgraph(program.graph_module.graph, pattern)
         replace(sub, pattern, impl.emit, aliases)
         module = program.module(sub)
         args = [values[n] for n in names]
@@ -374,7 +379,7 @@ def choose(
             continue
         progress(f"checking pattern {index} {pattern.get('signature')} ({len(options)} options)")
         try:
-            sub, names, _ = subgraph(program, program.graph_module.graph, pattern)
+            sub, names, _ = subgraph(program.graph_module.graph, pattern)
             module = program.module(sub)
             args = [values[n] for n in names]
             with torch.no_grad():  # as the candidates are timed
@@ -618,7 +623,7 @@ def _save_decisions(path: Path, plan, decisions) -> None:
         rows.append(row)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(_json_safe({"fact_decisions": 1, "plan": plan, "decisions": rows})))
+    tmp.write_text(json.dumps(json_ready({"fact_decisions": 1, "plan": plan, "decisions": rows})))
     os.replace(tmp, path)  # atomic: an interrupted run never leaves half a file
 
 
@@ -819,7 +824,7 @@ def optimize(
             f"CUDA graph replay {report['replay']['graph_us']:.0f} us, plain launches "
             f"{report['replay']['launch_us']:.0f} us: {report['replay']['chosen']}"
         )
-    (run / "optimize.json").write_text(json.dumps(_json_safe(report), indent=1) + "\n")
+    (run / "optimize.json").write_text(json.dumps(json_ready(report), indent=1) + "\n")
     (run / "transcript.txt").write_text("\n".join(progress.lines) + "\n")
     progress(
         f"done: {len(replaced)} of {len(decisions)} patterns replaced "
@@ -855,18 +860,6 @@ def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any
     if chosen == "launches":
         object.__setattr__(opt, "_replay", None)  # free the captured graph's buffers
     return {"graph_us": times[True], "launch_us": times[False], "chosen": chosen}
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)
 
 
 __all__ = ["OptimizedModule", "optimize"]

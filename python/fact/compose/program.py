@@ -283,7 +283,7 @@ def replace(
 
 
 def subgraph(
-    program: Program, graph: fx.Graph, pattern: Mapping[str, Any]
+    graph: fx.Graph, pattern: Mapping[str, Any]
 ) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
     """A standalone graph of one pattern: placeholders for what it reads, its nodes, its output.
     Returns (graph, names of the read nodes in placeholder order, aliases): FX may rename a
@@ -300,9 +300,3 @@ def subgraph(
         env[n] = sub.node_copy(n, lambda a: env[a])
     sub.output(env[reg.output])
     return sub, [n.name for n in reg.inputs], aliases
-
-
-def call_function(
-    graph: fx.Graph, fn: Any, args: Iterable[Any], kwargs: Mapping[str, Any] | None = None
-) -> fx.Node:
-    return graph.call_function(fn, tuple(args), dict(kwargs or {}))

@@ -24,6 +24,20 @@ def _err(e: Any) -> str:
     return f"{e:.2e}" if isinstance(e, (int, float)) else "-"
 
 
+def json_ready(obj: Any) -> Any:
+    """JSON-ready copy of a report: non-finite floats as strings ("inf", "nan"), keys as
+    strings, other objects (dtypes, devices) by str()."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
 def markdown(bench: Mapping[str, Any]) -> str:
     """The human-readable report: the headline table, then one row per pattern."""
     opt = bench.get("optimize") or {}

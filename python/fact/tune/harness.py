@@ -1301,6 +1301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cli(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from fact.tune.runs import tuned_pattern
+
     plan_path = Path(args.plan)
     try:
         plan = json.loads(plan_path.read_text())
@@ -1340,7 +1342,7 @@ def _cli(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"  {row['kernel']}: {row['disposition']} {t}".rstrip(), file=sys.stderr)
 
     for index in sorted(by_pattern):
-        pattern = patterns[index].get("lowered") or patterns[index]  # a gated MLP: its GEMM
+        pattern = tuned_pattern(patterns[index])
         unbuilt = [e for e in by_pattern[index] if not e.get("library")]
         by_pattern[index] = [e for e in by_pattern[index] if e.get("library")]
         static_rows = [_unbuilt_row(pattern, arch, problem, e) for e in unbuilt if e.get("config")]
