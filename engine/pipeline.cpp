@@ -7,6 +7,7 @@
 
 #include "discover/catalog.h"
 #include "ir/error.h"
+#include "realize/attention.h"
 #include "realize/candidates.h"
 #include "realize/compile.h"
 #include "realize/emit.h"
@@ -211,6 +212,22 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       }
       continue;
     }
+    if (match.family == discover::Family::attention) {
+      // Fused attention: CUTLASS's Hopper FMHA, one kernel per ranked config; the tuner
+      // verifies and times them against PyTorch's scaled_dot_product_attention.
+      try {
+        const auto spec = realize::AttentionSpec::from_pattern(pattern);
+        const auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"],
+                                                         opt.discover.arch, opt.candidates, reg ? &*reg : nullptr);
+        write_text_file(candidates_file(i), cands.to_json().dump(2));
+        for (const auto& ranked : cands.ranked) {
+          add_kernel(i, realize::emit_attention_sm90(spec, ranked.config), ranked.config.to_json());
+        }
+      } catch (const realize::NotSupported& e) {
+        refuse(base, e.what());
+      }
+      continue;
+    }
     // A gated MLP is realized as its gate GEMM with act(acc) * up fused into the epilogue
     // (the up projection stays PyTorch's GEMM); the plan keeps that GEMM pattern as "lowered".
     json gemm_pattern = pattern;
@@ -261,6 +278,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   }
   write_text_file(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
   write_text_file(run / "src" / "fact_norm_abi.h", realize::norm_abi_header_text());
+  write_text_file(run / "src" / "fact_attention_abi.h", realize::attention_abi_header_text());
   // 3. Compile what the cache does not hold yet, in parallel.
   realize::CompileOptions copt;
   copt.cutlass_dir = opt.cutlass_dir;

@@ -2,7 +2,11 @@
 # Stage 3 benchmarks on a GPU machine: `fact bench` (eager vs torch.compile vs FACT, one process
 # per problem) for the shipped example blocks. Results and reports go to $OUT (default runs/).
 #
-#   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16 ...]
+#   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16|attention ...]
+#
+# `attention` is issue 4's kernel benchmark instead: the CUTLASS FMHA candidates for the MiniGPT
+# and Llama attention shapes, realized here, then verified and timed against SDPA and the
+# hand-written eager attention by bench/gemm_bench.py.
 #
 # On a machine set up with ./setup.sh everything is found. On a bare GPU machine (no network),
 # point FACT_ENGINE at a fact-engine binary and CUTLASS_DIR at CUTLASS's source tree, and make
@@ -19,6 +23,12 @@ if [ -n "${FACT_REGISTRY:-}" ] && [ ! -f "$FACT_REGISTRY" ]; then
 fi
 [ $# -gt 0 ] || set -- minigpt-bf16
 for job in "$@"; do
+  if [ "$job" = attention ]; then
+    echo "== attention: bench/realize_attention.sh + bench/gemm_bench.py"
+    FACT="$PY -m fact" bench/realize_attention.sh "$RUNS/attention" 2>&1 | tee "$OUT/attention-realize.log"
+    "$PY" bench/gemm_bench.py "$RUNS/attention" --out "$OUT/attention" 2>&1 | tee "$OUT/attention.log"
+    continue
+  fi
   case $job in
     minigpt-bf16) args=(examples/minigpt_block.py --dtype bf16 --precision high) ;;
     minigpt-tf32) args=(examples/minigpt_block.py --dtype fp32 --precision high) ;;

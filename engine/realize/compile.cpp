@@ -19,6 +19,7 @@
 
 #include "ir/error.h"
 #include "realize/emit.h"
+#include "realize/attention.h"
 #include "realize/norm.h"
 #include "util/files.h"
 
@@ -109,6 +110,16 @@ std::string find_cutlass(const std::string& hint) {
   return dir;
 }
 
+static fs::path fmha_dir(const std::string& cutlass_dir) {
+  const fs::path dir = fs::path(cutlass_dir) / "examples" / "88_hopper_fmha";
+  if (!fs::exists(dir / "kernel" / "fmha_kernel_builder.hpp")) {
+    throw UserError("'" + cutlass_dir + "' has no examples/88_hopper_fmha (CUTLASS's Hopper FMHA, which attention "
+                    "kernels include): point CUTLASS_DIR at a full CUTLASS source tree such as the "
+                    "nvidia-cutlass wheel's (./setup.sh finds it)");
+  }
+  return dir;
+}
+
 std::string cutlass_version(const std::string& cutlass_dir) {
   const auto text = read_file(fs::path(cutlass_dir) / "include" / "cutlass" / "version.h");
   std::string v;
@@ -174,7 +185,9 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
       r.name = job.name;
       // Headers only some kernels include count only for those (the GEMM keys stay as they were).
       const bool norm = job.source.find("\"fact_norm_abi.h\"") != std::string::npos;
-      r.key = sha256_hex(salt + (norm ? std::string("|") + norm_abi_header_text() : "") + "|" + job.source);
+      const bool attention = job.source.find("\"fact_attention_abi.h\"") != std::string::npos;
+      r.key = sha256_hex(salt + (norm ? std::string("|") + norm_abi_header_text() : "") +
+                         (attention ? std::string("|") + attention_abi_header_text() : "") + "|" + job.source);
       const fs::path entry = fs::path(opt.cache_dir) / r.key;
       r.library = (entry / "kernel.so").string();
       r.log = (entry / "build.log").string();
@@ -188,11 +201,14 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         write_text_file(tmp / "kernel.cu", job.source);
         write_text_file(tmp / "fact_gemm_abi.h", abi_header_text());
         write_text_file(tmp / "fact_norm_abi.h", norm_abi_header_text());
+        write_text_file(tmp / "fact_attention_abi.h", attention_abi_header_text());
         std::vector<std::string> argv = {opt.nvcc};
         argv.insert(argv.end(), flags.begin(), flags.end());
-        for (const auto& inc : {fs::path(opt.cutlass_dir) / "include", fs::path(opt.cutlass_dir) / "tools" / "util" / "include", tmp}) {
-          argv.push_back("-I" + inc.string());
-        }
+        std::vector<fs::path> includes = {fs::path(opt.cutlass_dir) / "include",
+                                          fs::path(opt.cutlass_dir) / "tools" / "util" / "include", tmp};
+        // The Hopper FMHA collectives ship as a CUTLASS example; they are included from there.
+        if (attention) includes.push_back(fmha_dir(opt.cutlass_dir));
+        for (const auto& inc : includes) argv.push_back("-I" + inc.string());
         argv.insert(argv.end(), {(tmp / "kernel.cu").string(), "-o", (tmp / "kernel.so").string()});
         const int rc = run_logged(argv, tmp / "build.log");
         r.ok = rc == 0 && fs::exists(tmp / "kernel.so");

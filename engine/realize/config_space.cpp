@@ -52,11 +52,12 @@ json search_space(const discover::Match& m, const std::string& arch) {
     case Family::gated_mlp:
       return hopper ? gemm_sm90(m) : gemm_sm80(m);
     case Family::attention:
-      if (hopper) {
-        return {{"tile_q", {64, 128}},
-                {"tile_kv", {64, 128, 176}},
-                {"kernel_schedule", {"warpspecialized_cooperative", "warpspecialized_pingpong"}},
-                {"stages", {2, 3}}};
+      if (hopper) {  // CUTLASS's Hopper FMHA (realize/attention.h): what FACT emits and tunes
+        return {{"block_q", {128}},
+                {"block_kv", {64, 128}},
+                {"kernel_schedule", {"cooperative", "pingpong"}},
+                {"stages_kv", {3, 4, 5}},
+                {"mainloop_locked", {false, true}}};
       }
       return {{"tile_q", {64, 128}}, {"tile_kv", {64, 128}}, {"stages", {2, 3}}};
     case Family::norm:

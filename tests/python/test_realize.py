@@ -156,3 +156,63 @@ def test_warm_tune_skips_what_the_registry_measured(engine_available, tmp_path):
     assert _unmeasured(run, ["--registry", str(registry)]) == []
     # So the whole tune is a no-op that says why (and never imports torch's harness).
     assert main(["tune", str(run), "--registry", str(registry)]) == 0
+
+
+ATTENTION_PROBLEM = textwrap.dedent(
+    """
+    import math
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        # hand-written causal attention over a fused QKV projection (MiniGPT's form)
+        def __init__(self, heads=2, dim=96):
+            super().__init__()
+            self.heads, self.dim = heads, dim
+            self.register_buffer("mask", torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64))
+
+        def forward(self, qkv):
+            b, s, _ = qkv.shape
+            q, k, v = qkv.split(self.heads * self.dim, dim=2)
+            q = q.view(b, s, self.heads, self.dim).transpose(1, 2)
+            k = k.view(b, s, self.heads, self.dim).transpose(1, 2)
+            v = v.view(b, s, self.heads, self.dim).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.dim))
+            att = att.masked_fill(self.mask[:, :, :s, :s] == 0, float("-inf"))
+            y = torch.softmax(att, dim=-1) @ v
+            return y.transpose(1, 2).contiguous().view(b, s, self.heads * self.dim)
+
+
+    def get_inputs():
+        return [torch.randn(2, 64, 3 * 2 * 96)]
+    """
+)
+
+
+def test_realize_compiles_a_fused_attention_kernel(engine_available, tmp_path):
+    """Hand-written causal attention becomes CUTLASS Hopper FMHA kernels (head dim 96, native):
+    the candidates file lists the ranked configs, one compiles for sm_90a against the CUTLASS
+    headers and the FMHA example setup installed, and exports the attention ABI."""
+    problem = tmp_path / "attention.py"
+    problem.write_text(ATTENTION_PROBLEM)
+    res = realize(problem, tmp_path / "run", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    manifest = json.loads(res.stdout)
+    assert [(e["family"], e["status"]) for e in manifest] == [("attention", "compiled")], manifest
+    run = tmp_path / "run"
+    ranked = json.loads((run / "candidates" / "pattern-0.json").read_text())
+    assert ranked["family"] == "attention" and ranked["ranked"][0]["why"] == "prior"
+    kernel = manifest[0]["kernel"]
+    assert kernel.startswith("fact_attention_bf16_causal_d96_"), kernel
+    symbols = subprocess.run(
+        ["nm", "-D", str(run / manifest[0]["library"])], capture_output=True, text=True
+    ).stdout
+    for name in (
+        "fact_attention_can_implement",
+        "fact_attention_workspace_size",
+        "fact_attention_run",
+        "fact_kernel_info",
+    ):
+        assert f" T {name}" in symbols, f"{name} not exported"
+    assert (run / "src" / "fact_attention_abi.h").is_file()

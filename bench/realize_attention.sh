@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Stage 2 for the attention benchmarks of shared/BENCHMARKS.md (issue 4): plan each problem, emit
+# and compile its CUTLASS Hopper FMHA candidates into run directories under $1 (default
+# .device/attention), ready for bench/gemm_bench.py, which verifies and times them against
+# scaled_dot_product_attention and the hand-written eager module in one run. Compiling on the
+# GPU machine (16 cores) takes about a minute and a half.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-.device/attention}
+candidates=${CANDIDATES:-6}
+fact=${FACT:-.venv/bin/fact}  # a command: "python3 -m fact" on a bare machine
+mkdir -p "$out"
+for problem in attention_minigpt attention_llama; do
+  $fact realize "bench/problems/$problem.py" --dtype bf16 --candidates "$candidates" --out "$out/${problem}_bf16"
+done

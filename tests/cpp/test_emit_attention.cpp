@@ -1,0 +1,147 @@
+// Emission of fused attention kernels (CUTLASS's Hopper FMHA): golden files, the config space
+// and its filter, ranking (prior and registry), and the patterns FACT refuses with a reason.
+//
+// Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R EmitAttention.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "golden.h"
+#include "realize/attention.h"
+#include "registry/registry.h"
+
+namespace fact::realize {
+namespace {
+
+using nlohmann::json;
+using test::expect_golden;
+
+// A plan attention pattern (docs/plan-format.md) with the fields emission reads.
+json attention_pattern(const std::string& dtype, bool causal, int64_t d, int64_t heads = 8, int64_t kv_heads = 8,
+                       int64_t seq = 512) {
+  json steps = {"scale"};
+  if (causal) steps.push_back("causal_mask");
+  steps.push_back("softmax");
+  return {{"family", "attention"},
+          {"rule", "attention_handwritten"},
+          {"signature", std::string("attention[scale") + (causal ? "+causal_mask" : "") + "+softmax]:" + dtype +
+                            (causal ? ":causal" : "")},
+          {"epilogue", steps},
+          {"problem",
+           {{"batch", 4}, {"heads", heads}, {"kv_heads", kv_heads}, {"seq_q", seq}, {"seq_k", seq},
+            {"head_dim", d}, {"head_dim_v", d}}},
+          {"attrs", {{"causal", causal}, {"scale", 0.125}, {"dtype", dtype}, {"out_dtype", dtype}}}};
+}
+
+std::vector<std::string> names(const AttentionCandidates& c) {
+  std::vector<std::string> out;
+  for (const auto& r : c.ranked) out.push_back(r.config.name());
+  return out;
+}
+
+TEST(EmitAttention, CausalBf16HeadDim96Cooperative) {
+  const auto spec = AttentionSpec::from_pattern(attention_pattern("bf16", true, 96));
+  EXPECT_EQ(spec.kernel_head_dim, 96);  // native, not padded to 128
+  const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 4, nullptr);
+  ASSERT_EQ(cands.ranked.size(), 4u);
+  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_coop_s5");  // short sequence: cooperative first
+  EXPECT_EQ(cands.ranked[0].why, "prior");
+  const auto k = emit_attention_sm90(spec, cands.ranked[0].config);
+  EXPECT_EQ(k.name.rfind("fact_attention_bf16_causal_d96_", 0), 0u) << k.name;
+  EXPECT_NE(k.source.find("cutlass::fmha::collective::CausalFusion"), std::string::npos);
+  expect_golden(k, "attention_bf16_causal_d96_coop.cu");
+}
+
+TEST(EmitAttention, NonCausalF16PingPongMasksTheLastKeyTile) {
+  const auto spec = AttentionSpec::from_pattern(attention_pattern("f16", false, 128, 32, 8, 2048));
+  const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
+  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5");  // long sequence: ping-pong first
+  const auto k = emit_attention_sm90(spec, cands.ranked[0].config);
+  EXPECT_NE(k.source.find("cutlass::fmha::collective::ResidualFusion"), std::string::npos);
+  EXPECT_NE(k.source.find("KernelTmaWarpSpecializedPingpong"), std::string::npos);
+  expect_golden(k, "attention_f16_d128_pingpong.cu");
+  // One kernel per (dtype, mask, head dim): batch, heads, sequence and scale are run-time.
+  EXPECT_EQ(spec.id(), AttentionSpec::from_pattern(attention_pattern("f16", false, 128, 8, 8, 300)).id());
+  EXPECT_NE(spec.id(), AttentionSpec::from_pattern(attention_pattern("f16", true, 128)).id());
+}
+
+TEST(EmitAttention, ConfigsThatDoNotFitSharedMemoryAreDroppedWithAReason) {
+  const auto spec = AttentionSpec::from_pattern(attention_pattern("bf16", true, 256));
+  const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
+  ASSERT_FALSE(cands.dropped.empty());
+  for (const auto& d : cands.dropped) {
+    EXPECT_NE(d["reason"].get<std::string>().find("shared memory"), std::string::npos) << d.dump();
+    EXPECT_GT(attention_smem_bytes(spec, {128, d["config"]["block_kv"], d["config"]["schedule"],
+                                          d["config"]["stages_kv"], 2, false}),
+              190 * 1024);
+  }
+  for (const auto& r : cands.ranked) EXPECT_LE(attention_smem_bytes(spec, r.config), 211 * 1024) << r.config.name();
+  EXPECT_FALSE(cands.ranked.empty());  // 64-key tiles with fewer stages still fit
+  // Head dim 64 fits everything.
+  const auto small = AttentionSpec::from_pattern(attention_pattern("bf16", true, 64));
+  EXPECT_TRUE(attention_candidates(small, "sig", json::object(), "sm90", 0, nullptr).dropped.empty());
+}
+
+TEST(EmitAttention, RegistryMeasurementsRankFirst) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fact_attn_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto pattern = attention_pattern("bf16", true, 96);
+  const auto spec = AttentionSpec::from_pattern(pattern);
+  {
+    auto reg = registry::Registry::open_writable((dir / "r.db").string());
+    registry::Row row;
+    row.signature = pattern["signature"];
+    row.arch = "sm90";
+    row.problem = pattern["problem"];
+    row.config = {{"name", "q128kv64_pp_s4"}};
+    row.time_us = 250;
+    row.provenance = "tuned";
+    reg.insert(row);
+    row.config = {{"name", "q128kv64_coop_s3"}};
+    row.disposition = "incorrect";  // never ranked from a failed row
+    reg.insert(row);
+  }
+  const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
+  const auto cands = attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 3, &*reg);
+  ASSERT_EQ(cands.ranked.size(), 3u);
+  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv64_pp_s4");
+  EXPECT_NE(cands.ranked[0].why.find("registry: 250.0 us"), std::string::npos) << cands.ranked[0].why;
+  EXPECT_EQ(names(cands)[1], "q128kv128_coop_s5");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
+  auto expect_refused = [](json p, const std::string& why) {
+    try {
+      AttentionSpec::from_pattern(p);
+      ADD_FAILURE() << "accepted: " << p.dump();
+    } catch (const NotSupported& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(attention_pattern("f32", true, 64), "bf16 and f16 only");
+  auto p = attention_pattern("bf16", true, 64);
+  p["problem"]["head_dim_v"] = 128;
+  expect_refused(p, "value head dim 128");
+  expect_refused(attention_pattern("bf16", true, 64, 6, 4), "not a multiple of kv_heads");
+  expect_refused(attention_pattern("bf16", true, 60), "head dim 60");
+  p = attention_pattern("bf16", true, 64);
+  p["problem"]["seq_q"] = 1024;
+  expect_refused(p, "more queries (1024) than keys (512)");
+  p = attention_pattern("bf16", false, 64);
+  p["epilogue"].push_back("relu");
+  expect_refused(p, "step 'relu'");
+  p = attention_pattern("bf16", false, 64);
+  p["attrs"]["out_dtype"] = "f32";
+  expect_refused(p, "output in f32");
+  p = attention_pattern("bf16", false, 64);
+  p["attrs"].erase("scale");
+  expect_refused(p, "scale");
+  EXPECT_THROW(attention_candidates(AttentionSpec::from_pattern(attention_pattern("bf16", true, 64)), "sig",
+                                    json::object(), "sm80", 4, nullptr),
+               NotSupported);
+}
+
+}  // namespace
+}  // namespace fact::realize
