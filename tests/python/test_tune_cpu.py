@@ -19,8 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fact.tune import abi
-from fact.tune.abi import FactGemmArgs, KernelLibrary, Status
+from fact.errors import FactError
+from fact.tune import abi, harness
+from fact.tune.abi import FactAttentionArgs, FactGemmArgs, KernelLibrary, Status
 from fact.tune.harness import (
     DEFAULT_KNOBS,
     TOL_16BIT_OUTPUT,
@@ -350,43 +351,68 @@ def fake_kernels(tmp_path_factory):
 # abi.py
 
 
-@needs_gcc
-def test_args_layout_matches_header(tmp_path):
-    fields = [name for name, _ in FactGemmArgs._fields_]
-    prints = "\n".join(
-        f'  printf("\\"{f}\\": %zu,\\n", offsetof(FactGemmArgs, {f}));' for f in fields
-    )
+def _c_layout(tmp_path: Path, struct: type, header: str, extra: str = "") -> dict:
+    """Every field's offset and the size of `struct` as gcc lays out the header's typedef."""
+    fields = [name for name, _ in struct._fields_]
+    name = struct.__name__
+    prints = "\n".join(f'  printf("\\"{f}\\": %zu,\\n", offsetof({name}, {f}));' for f in fields)
     source = f"""
 #include <stddef.h>
 #include <stdio.h>
-#include "fact_gemm_abi.h"
+#include "{header}"
 int main(void) {{
   printf("{{\\n");
 {prints}
-  printf("\\"sizeof\\": %zu,\\n", sizeof(FactGemmArgs));
-  printf("\\"sizeof_operands\\": %zu,\\n", sizeof(((FactGemmArgs*)0)->operands));
-  printf("\\"max_operands\\": %d,\\n", FACT_MAX_EPILOGUE_OPERANDS);
-  printf("\\"version\\": %d\\n}}\\n", FACT_ABI_VERSION);
+{extra}
+  printf("\\"sizeof\\": %zu\\n}}\\n", sizeof({name}));
   return 0;
 }}
 """
-    exe = compile_c(source, tmp_path / "layout")
-    c = json.loads(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
-    assert c["sizeof"] == ctypes.sizeof(FactGemmArgs)
-    for f in fields:
-        assert getattr(FactGemmArgs, f).offset == c[f], f
-    assert c["sizeof_operands"] == ctypes.sizeof(ctypes.c_void_p) * abi.FACT_MAX_EPILOGUE_OPERANDS
-    assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
-    assert c["version"] == abi.FACT_ABI_VERSION == 1
-    # every field of the header is mirrored, in the header's order
-    header = (ABI_DIR / "fact_gemm_abi.h").read_text()
-    body = header[header.index("typedef struct FactGemmArgs {") : header.index("} FactGemmArgs;")]
+    exe = compile_c(source, tmp_path / f"layout_{name}")
+    return json.loads(subprocess.run([exe], capture_output=True, text=True, check=True).stdout)
+
+
+def _declared_fields(header: str, name: str) -> list[str]:
+    """The field names of `typedef struct NAME {...} NAME;` in the header, in order."""
+    text = (ABI_DIR / header).read_text()
+    body = text[text.index(f"typedef struct {name} {{") : text.index(f"}} {name};")]
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S).split("{", 1)[1]
     declared = []
     for decl in filter(None, (d.strip() for d in body.split(";"))):
-        names = re.sub(r"^(const\s+)?(int64_t|int|void)\s*\*?", "", decl)
-        declared += [re.sub(r"\[.*\]", "", name).strip() for name in names.split(",")]
-    assert declared == fields
+        names = re.sub(r"^(const\s+)?(int64_t|int|void|float|double)\s*\*?", "", decl)
+        declared += [re.sub(r"\[.*\]", "", n).strip() for n in names.split(",")]
+    return declared
+
+
+@needs_gcc
+@pytest.mark.parametrize(
+    ("struct", "header"),
+    [
+        (FactGemmArgs, "fact_gemm_abi.h"),
+        (abi.FactNormArgs, "fact_norm_abi.h"),
+        (FactAttentionArgs, "fact_attention_abi.h"),
+    ],
+    ids=["gemm", "norm", "attention"],
+)
+def test_args_layout_matches_header(tmp_path, struct, header):
+    extra = ""
+    if struct is FactGemmArgs:
+        extra = """
+  printf("\\"sizeof_operands\\": %zu,\\n", sizeof(((FactGemmArgs*)0)->operands));
+  printf("\\"max_operands\\": %d,\\n", FACT_MAX_EPILOGUE_OPERANDS);
+  printf("\\"version\\": %d,\\n", FACT_ABI_VERSION);"""
+    c = _c_layout(tmp_path, struct, header, extra)
+    fields = [name for name, _ in struct._fields_]
+    assert c["sizeof"] == ctypes.sizeof(struct)
+    for f in fields:
+        assert getattr(struct, f).offset == c[f], f
+    # every field of the header is mirrored, in the header's order
+    assert _declared_fields(header, struct.__name__) == fields
+    if struct is FactGemmArgs:
+        ptr = ctypes.sizeof(ctypes.c_void_p)
+        assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
+        assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
+        assert c["version"] == abi.FACT_ABI_VERSION == 1
 
 
 @needs_gcc
@@ -1414,3 +1440,777 @@ def test_format_table_and_export():
     lines = format_table(rows).splitlines()
     assert lines[3].split()[-1] == "2.00x" and lines[4].split()[-3:] == ["-", "-", "-"]
     assert [r["disposition"] for r in registry_export(rows)["rows"]] == ["passed", "fault"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused attention (attention.py), driven through fake attention kernels
+
+FAKE_ATTENTION_C = r"""
+/* A fake FACT attention kernel: the C ABI of fact_attention_abi.h computed on the host in
+ * float from bf16 tensors (the CPU tests pass host pointers). Behaviour is chosen by macros. */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fact_attention_abi.h"
+
+#ifndef FAKE_NAME
+#define FAKE_NAME "fake_attention"
+#endif
+#ifndef FAKE_INFO
+#define FAKE_INFO "{}"
+#endif
+#ifndef FAKE_MODE
+#define FAKE_MODE 0
+#endif
+#ifndef FAKE_CAUSAL
+#define FAKE_CAUSAL 1
+#endif
+#ifndef FAKE_HEAD_DIM
+#define FAKE_HEAD_DIM 128
+#endif
+enum { GOOD, SEGV, WRONG, SKIP_TAIL, NOT_SUPPORTED, HANG, RECORD, GQA_MOD, NO_MASK, SQRT_SCALE };
+
+typedef uint16_t elem_t;
+static float load(elem_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static elem_t store(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (elem_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (elem_t)(u >> 16);
+}
+
+static char g_error[256] = "";
+static FactAttentionArgs g_last;
+static void* g_workspace;
+static size_t g_workspace_bytes;
+static void* g_stream;
+static int g_runs;
+
+static int fail(int status, const char* what) {
+  snprintf(g_error, sizeof g_error, "%s", what);
+  return status;
+}
+
+int fact_abi_version(void) { return FACT_ABI_VERSION; }
+const char* fact_kernel_name(void) { return FAKE_NAME; }
+const char* fact_kernel_info(void) { return FAKE_INFO; }
+const char* fact_last_error(void) { return g_error; }
+
+int fact_attention_can_implement(const FactAttentionArgs* a) {
+  if (!a || !a->q || !a->k || !a->v || !a->o) return fail(FACT_INVALID_ARGS, "null q, k, v or o");
+  if (a->kv_heads <= 0 || a->heads % a->kv_heads) return fail(FACT_INVALID_ARGS, "bad kv_heads");
+  if (FAKE_MODE == NOT_SUPPORTED || a->seq_q == 7) {
+    return fail(FACT_NOT_SUPPORTED, "fake: cannot implement");
+  }
+  if (a->head_dim > FAKE_HEAD_DIM) return fail(FACT_NOT_SUPPORTED, "head_dim too large");
+  if (FAKE_CAUSAL && a->seq_q > a->seq_k) return fail(FACT_NOT_SUPPORTED, "more queries than keys");
+  return FACT_OK;
+}
+
+size_t fact_attention_workspace_size(const FactAttentionArgs* a) {
+  return (size_t)(a->batch * a->heads * a->seq_q) * sizeof(float);
+}
+
+int fact_attention_run(const FactAttentionArgs* a, void* workspace, size_t workspace_bytes,
+                       void* stream) {
+  g_last = *a;
+  g_workspace = workspace;
+  g_workspace_bytes = workspace_bytes;
+  g_stream = stream;
+  g_runs++;
+  const int ok = fact_attention_can_implement(a);
+  if (ok != FACT_OK) return ok;
+  if (!workspace || workspace_bytes < fact_attention_workspace_size(a)) {
+    return fail(FACT_WORKSPACE_TOO_SMALL, "workspace too small");
+  }
+  if (FAKE_MODE == SEGV) raise(SIGSEGV);
+  if (FAKE_MODE == HANG) for (;;) pause();
+  if (FAKE_MODE == RECORD) return FACT_OK;
+  const elem_t* Q = (const elem_t*)a->q;
+  const elem_t* K = (const elem_t*)a->k;
+  const elem_t* V = (const elem_t*)a->v;
+  elem_t* O = (elem_t*)a->o;
+  float* lse = (float*)workspace;
+  float* p = (float*)malloc(sizeof(float) * (size_t)a->seq_k);
+  const int64_t group = a->heads / a->kv_heads;
+  const float scale = FAKE_MODE == SQRT_SCALE ? 1.0f / sqrtf((float)a->head_dim) : a->scale;
+  for (int64_t b = 0; b < a->batch; ++b) {
+    for (int64_t h = 0; h < a->heads; ++h) {
+      const int64_t hk = FAKE_MODE == GQA_MOD ? h % a->kv_heads : h / group;
+      for (int64_t s = 0; s < a->seq_q; ++s) {
+        const elem_t* q = Q + b * a->q_stride_b + h * a->q_stride_h + s * a->q_stride_s;
+        const int64_t last = (FAKE_CAUSAL && FAKE_MODE != NO_MASK) ? s : a->seq_k - 1;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t t = 0; t <= last; ++t) {
+          const elem_t* k = K + b * a->k_stride_b + hk * a->k_stride_h + t * a->k_stride_s;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < a->head_dim; ++d) dot += load(q[d]) * load(k[d]);
+          p[t] = dot * scale;
+          if (p[t] > mx) mx = p[t];
+        }
+        for (int64_t t = 0; t <= last; ++t) {
+          p[t] = expf(p[t] - mx);
+          sum += p[t];
+        }
+        lse[(b * a->heads + h) * a->seq_q + s] = mx + logf(sum);
+        elem_t* o = O + b * a->o_stride_b + h * a->o_stride_h + s * a->o_stride_s;
+        for (int64_t d = 0; d < a->head_dim; ++d) {
+          float acc = 0.0f;
+          for (int64_t t = 0; t <= last; ++t) {
+            acc += p[t] * load(V[b * a->v_stride_b + hk * a->v_stride_h + t * a->v_stride_s + d]);
+          }
+          float out = acc / sum;
+          if (FAKE_MODE == WRONG) out += 0.5f;
+          if (FAKE_MODE == SKIP_TAIL && s == a->seq_q - 1) continue;
+          o[d] = store(out);
+        }
+      }
+    }
+  }
+  free(p);
+  return FACT_OK;
+}
+
+/* Test hook: the arguments of the last fact_attention_run call. */
+void fake_last_call(FactAttentionArgs* args, void** workspace, size_t* bytes, void** stream,
+                    int* runs) {
+  *args = g_last;
+  *workspace = g_workspace;
+  *bytes = g_workspace_bytes;
+  *stream = g_stream;
+  *runs = g_runs;
+}
+"""
+
+ATTENTION_MODES = {
+    "good": 0,
+    "segv": 1,
+    "wrong": 2,
+    "skip_tail": 3,
+    "not_supported": 4,
+    "hang": 5,
+    "record": 6,
+    "gqa_mod": 7,  # query head h reads kv head h % kv_heads (interleaved, not grouped)
+    "no_mask": 8,  # a causal kernel that forgets the mask
+    "sqrt_scale": 9,  # 1/sqrt(head_dim) instead of the pattern's scale
+}
+
+# The attention pattern of `fact discover examples/minigpt_block.py --dtype bf16 --json`
+# (estimates and search space left out): hand-written causal attention reading Q, K and V in
+# place from the c_attn output, writing (b, s, h*d).
+MINIGPT_ATTENTION = json.loads("""
+{"family": "attention", "rule": "attention_handwritten",
+ "anchors": ["softmax"], "epilogue": ["scale", "causal_mask", "softmax"],
+ "attrs": {"causal": true, "dtype": "bf16", "k_source": "linear",
+           "k_strides": [1179648, 96, 2304, 1], "out_dtype": "bf16", "out_layout": "bs(hd)",
+           "q_source": "linear", "q_strides": [1179648, 96, 2304, 1],
+           "scale": 0.10206207261596577, "softmax_dtype": "bf16", "v_source": "linear",
+           "v_strides": [1179648, 96, 2304, 1]},
+ "operands": [{"node": "linear", "role": "q", "type": "bf16[128, 512, 2304]"},
+              {"node": "linear", "role": "k", "type": "bf16[128, 512, 2304]"},
+              {"node": "linear", "role": "v", "type": "bf16[128, 512, 2304]"}],
+ "output": "view_3",
+ "problem": {"batch": 128, "head_dim": 96, "head_dim_v": 96, "heads": 8, "kv_heads": 8,
+             "seq_k": 512, "seq_q": 512},
+ "signature": "attention[scale+causal_mask+softmax]:bf16:causal"}
+""")
+
+# The same from examples/llama3_block.py: SDPA with grouped-query attention (32 heads, 8 kv).
+LLAMA_ATTENTION = json.loads("""
+{"family": "attention", "rule": "attention_sdpa",
+ "anchors": ["scaled_dot_product_attention"], "epilogue": ["scale", "causal_mask", "softmax"],
+ "attrs": {"causal": true, "dtype": "bf16", "k_source": "add_2",
+           "k_strides": [2097152, 128, 1024, 1], "out_dtype": "bf16", "out_layout": "bs(hd)",
+           "q_source": "add_1", "q_strides": [8388608, 128, 4096, 1],
+           "scale": 0.08838834764831843, "softmax_dtype": "bf16", "v_source": "linear_2",
+           "v_strides": [2097152, 128, 1024, 1]},
+ "operands": [{"node": "add_1", "role": "q", "type": "bf16[4, 32, 2048, 128]"},
+              {"node": "add_2", "role": "k", "type": "bf16[4, 8, 2048, 128]"},
+              {"node": "linear_2", "role": "v", "type": "bf16[4, 2048, 1024]"}],
+ "output": "view_3",
+ "problem": {"batch": 4, "head_dim": 128, "head_dim_v": 128, "heads": 32, "kv_heads": 8,
+             "seq_k": 2048, "seq_q": 2048},
+ "signature": "attention[scale+causal_mask+softmax]:bf16:causal"}
+""")
+
+#: Small sizes for the fake kernels (they compute on the host).
+ATT_SMALL = {"batch": 2, "heads": 4, "kv_heads": 2, "seq_q": 40, "seq_k": 40, "head_dim": 32}
+
+
+def attention_pattern(causal=True, scale=None, dtype="bf16", fused=False, **sizes):
+    """A hand-made attention pattern (ATT_SMALL's sizes unless given)."""
+    problem = {**ATT_SMALL, **sizes}
+    problem.setdefault("head_dim_v", problem["head_dim"])
+    steps = ["scale", "causal_mask", "softmax"] if causal else ["scale", "softmax"]
+    sources = ["qkv", "qkv", "qkv"] if fused else ["q", "k", "v"]
+    return {
+        "family": "attention",
+        "rule": "attention_sdpa",
+        "epilogue": steps,
+        "attrs": {
+            "causal": causal,
+            "dtype": dtype,
+            "out_dtype": dtype,
+            "out_layout": "bs(hd)",
+            "scale": scale if scale is not None else 1.0 / math.sqrt(problem["head_dim"]),
+            **{f"{r}_source": s for r, s in zip("qkv", sources, strict=True)},
+        },
+        "problem": problem,
+        "signature": f"attention[{'+'.join(steps)}]:{dtype}" + (":causal" if causal else ""),
+    }
+
+
+def attention_info(name: str, causal: bool = True, head_dim: int = 128, dtype: str = "bf16"):
+    """What attention.cpp's kernel_info JSON says."""
+    return {
+        "family": "attention",
+        "dtype": dtype,
+        "causal": causal,
+        "head_dim": head_dim,
+        "config": {
+            "name": f"{name}_cfg",
+            "block_q": 128,
+            "block_kv": 128,
+            "schedule": "cooperative",
+            "stages_kv": 5,
+            "mma_warpgroups": 2,
+            "mainloop_locked": False,
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def fake_attention(tmp_path_factory):
+    """build(name, mode='good', causal=True, head_dim=128, info=None) -> a fake .so (cached)."""
+    if GCC is None:
+        pytest.skip("needs gcc")
+    folder = tmp_path_factory.mktemp("fake_attention")
+    built: dict[str, Path] = {}
+
+    def build(name, mode="good", causal=True, head_dim=128, info=None):
+        if name not in built:
+            info = info or attention_info(name, causal, head_dim)
+            flags = [
+                f"-DFAKE_NAME={json.dumps(name)}",
+                f"-DFAKE_MODE={ATTENTION_MODES[mode]}",
+                f"-DFAKE_CAUSAL={int(causal)}",
+                f"-DFAKE_HEAD_DIM={head_dim}",
+                f"-DFAKE_INFO={json.dumps(json.dumps(info))}",
+            ]
+            built[name] = compile_c(FAKE_ATTENTION_C, folder / f"{name}.so", *flags, shared=True)
+        return built[name]
+
+    return build
+
+
+def test_attention_library_end_to_end(fake_attention):
+    lib = KernelLibrary(fake_attention("att_recorder", mode="record"))
+    assert lib.family == "attention" and lib.name == "att_recorder"
+    assert lib.info["config"]["name"] == "att_recorder_cfg"
+    args = FactAttentionArgs()
+    sizes = (3, 32, 8, 500, 777, 128)
+    args.batch, args.heads, args.kv_heads, args.seq_q, args.seq_k, args.head_dim = sizes
+    strides = iter(range(1000, 1012))
+    for r, ptr in zip("qkvo", (0x1000, 0x2000, 0x3000, 0x4000), strict=True):
+        setattr(args, r, ptr)
+        for dim in "bhs":
+            setattr(args, f"{r}_stride_{dim}", next(strides) << 20)  # beyond 32 bits
+    args.scale, args.sm_count = 0.125, 132
+    assert lib.attention_can_implement(args) == Status.OK
+    assert lib.attention_workspace_size(args) == 3 * 32 * 500 * 4
+    assert lib.attention_run(args, 0xABC0, 1 << 20, 0xDEF0) == Status.OK
+    seen = FactAttentionArgs()
+    ws, nbytes, stream, runs = (
+        ctypes.c_void_p(),
+        ctypes.c_size_t(),
+        ctypes.c_void_p(),
+        ctypes.c_int(),
+    )
+    lib.symbol("fake_last_call")(
+        ctypes.byref(seen), ctypes.byref(ws), ctypes.byref(nbytes), ctypes.byref(stream),
+        ctypes.byref(runs),
+    )  # fmt: skip
+    assert seen.to_dict() == args.to_dict()  # every field crossed the boundary intact
+    assert seen.to_dict()["o_stride_s"] == 1011 << 20 and seen.scale == 0.125
+    assert (ws.value, nbytes.value, stream.value, runs.value) == (0xABC0, 1 << 20, 0xDEF0, 1)
+    args.seq_q = 7
+    assert lib.attention_can_implement(args) == Status.NOT_SUPPORTED
+    assert "cannot implement" in lib.last_error()
+    assert lib.attention_run(args, None, 0, None) == Status.NOT_SUPPORTED
+
+
+def test_attention_library_family_checks(fake_attention, fake_kernels):
+    gemm = KernelLibrary(fake_kernels("gelu_good", MINIGPT_GELU, epi=2))
+    with pytest.raises(abi.AbiError, match="a gemm kernel library has no fact_attention_run"):
+        gemm.attention_run(FactAttentionArgs())
+    # attention entry points, but the info names another family: refused at load
+    liar = fake_attention("att_liar", info={"family": "gemm"})
+    with pytest.raises(abi.AbiError, match="says family 'gemm'"):
+        KernelLibrary(liar)
+
+
+def test_attention_spec_from_plan_patterns():
+    from fact.tune.attention import AttentionSpec
+
+    mini = AttentionSpec.from_pattern(MINIGPT_ATTENTION)
+    assert (mini.dtype, mini.causal, mini.fused_qkv, mini.out_layout) == (
+        "bf16", True, True, "bs(hd)")  # fmt: skip
+    assert mini.scale == pytest.approx(1 / math.sqrt(96))
+    assert mini.problem == MINIGPT_ATTENTION["problem"] and mini.group == 1
+    assert mini.signature == MINIGPT_ATTENTION["signature"]
+    llama = AttentionSpec.from_pattern(LLAMA_ATTENTION)
+    assert not llama.fused_qkv and llama.group == 4 and llama.head_dim == 128
+    assert llama.label == "b4_h32_kv8_q2048_k2048_d128"
+    # a problem override: only attention sizes count; head_dim alone sets head_dim_v too
+    small = AttentionSpec.from_pattern(LLAMA_ATTENTION, {"seq_q": 500, "seq_k": 500, "m": 3})
+    assert (small.seq_q, small.seq_k, small.heads) == (500, 500, 32)
+    assert "m" not in small.problem
+    assert small.with_problem({"head_dim": 64}).problem["head_dim_v"] == 64
+    assert small.with_problem(None) == small
+    with pytest.raises(FactError, match="seq_q=0 must be an integer >= 1"):
+        small.with_problem({"seq_q": 0})
+
+
+def _changed(pattern: dict, **changes) -> dict:
+    out = json.loads(json.dumps(pattern))
+    for key, value in changes.items():
+        where, name = key.split("__")
+        if value is None:
+            out[where].pop(name)
+        else:
+            out[where][name] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"problem__head_dim_v": 64}, "value head dim 64 differs from the query's 96"),
+        ({"attrs__dtype": "f32", "attrs__out_dtype": "f32"}, "attention in 'f32'"),
+        ({"attrs__out_dtype": "f32"}, "attention output in 'f32' from 'bf16'"),
+        ({"problem__kv_heads": 3}, "heads 8 is not a multiple of kv_heads 3"),
+        ({"attrs__scale": None}, "without a positive constant softmax scale"),
+        ({"attrs__scale": -0.5}, "without a positive constant softmax scale"),
+        ({"attrs__out_layout": "sbhd"}, "output layout 'sbhd'"),
+    ],
+)
+def test_attention_spec_refusals(changes, why):
+    from fact.tune.attention import AttentionSpec
+
+    with pytest.raises(NotSupportedError, match=re.escape(why)):
+        AttentionSpec.from_pattern(_changed(MINIGPT_ATTENTION, **changes))
+
+
+def test_attention_spec_refuses_other_families_and_steps():
+    from fact.tune.attention import AttentionSpec
+
+    with pytest.raises(NotSupportedError, match="family 'gemm' is not attention"):
+        AttentionSpec.from_pattern(MINIGPT_GELU)
+    bad = {**MINIGPT_ATTENTION, "epilogue": ["scale", "causal_mask", "softmax", "alibi"]}
+    with pytest.raises(NotSupportedError, match=r"step\(s\) \['alibi'\]"):
+        AttentionSpec.from_pattern(bad)
+    with pytest.raises(NotSupportedError, match="heads 8 is not a multiple of kv_heads 3"):
+        AttentionSpec.from_pattern(MINIGPT_ATTENTION, {"kv_heads": 3})
+    # the harness (and `fact tune`, and optimize's tune_run) tunes attention besides GEMMs
+    from fact.tune.reference import GEMM_FAMILIES
+
+    assert set(harness.TUNED_FAMILIES) == {*GEMM_FAMILIES, "attention"}
+
+
+def _naive_attention(q, k, v, scale, causal):
+    """Row by row in float64, the way the ABI header words it."""
+    b, h, sq, d = q.shape
+    hk, sk = k.shape[1], k.shape[2]
+    group = h // hk
+    out = torch.zeros(b, h, sq, v.shape[-1], dtype=torch.float64)
+    q, k, v = q.double(), k.double(), v.double()
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // group
+            for s in range(sq):
+                keys = range(min(s + 1, sk)) if causal else range(sk)
+                logits = torch.stack([scale * torch.dot(q[bi, hi, s], k[bi, kh, t]) for t in keys])
+                p = torch.exp(logits - logits.max())
+                p = p / p.sum()
+                out[bi, hi, s] = sum(p[i] * v[bi, kh, t] for i, t in enumerate(keys))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("sizes", "causal", "scale"),
+    [
+        ({"heads": 4, "kv_heads": 4, "seq_q": 9, "seq_k": 9}, True, None),
+        ({"heads": 6, "kv_heads": 2, "seq_q": 5, "seq_k": 11}, True, None),  # GQA, seq_q < seq_k
+        ({"heads": 4, "kv_heads": 1, "seq_q": 7, "seq_k": 13}, False, 0.7),
+        ({"heads": 2, "kv_heads": 2, "seq_q": 12, "seq_k": 12}, False, None),
+    ],
+    ids=["mha-causal", "gqa-causal-short-q", "mqa-scale", "mha"],
+)
+def test_attention_reference_matches_naive(sizes, causal, scale):
+    from fact.tune.attention import AttentionSpec, make_inputs, reference
+
+    pattern = attention_pattern(causal=causal, scale=scale, batch=2, head_dim=16, **sizes)
+    spec = AttentionSpec.from_pattern(pattern)
+    inputs = make_inputs(spec, "cpu")
+    ref = reference(spec, inputs.q, inputs.k, inputs.v)
+    assert ref.dtype == torch.float64 and ref.shape == inputs.o.shape
+    naive = _naive_attention(inputs.q, inputs.k, inputs.v, spec.scale, causal)
+    torch.testing.assert_close(ref, naive, rtol=1e-12, atol=1e-12)
+    # PyTorch's SDPA in float64 agrees (top-left causal mask, grouped heads)
+    sdpa = F.scaled_dot_product_attention(
+        inputs.q.double(), inputs.k.double(), inputs.v.double(), is_causal=causal,
+        scale=spec.scale, enable_gqa=spec.group > 1,
+    )  # fmt: skip
+    torch.testing.assert_close(ref, sdpa, rtol=1e-10, atol=1e-12)
+    # chunked to one head at a time, and in float32: the same numbers
+    tiny = reference(spec, inputs.q, inputs.k, inputs.v, budget_bytes=1)
+    torch.testing.assert_close(tiny, ref, rtol=0, atol=0)
+    f32 = reference(spec, inputs.q, inputs.k, inputs.v, dtype=torch.float32)
+    assert f32.dtype == torch.float32
+    torch.testing.assert_close(f32.double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_reference_chunks_over_batch_and_heads():
+    from fact.tune.attention import AttentionSpec, make_inputs, reference
+
+    spec = AttentionSpec.from_pattern(attention_pattern(batch=5, heads=6, kv_heads=3, seq_q=16,
+                                                        seq_k=16, head_dim=8))  # fmt: skip
+    inputs = make_inputs(spec, "cpu")
+    full = reference(spec, inputs.q, inputs.k, inputs.v)
+    per_head = 2 * 16 * 16 * 8
+    for budget in (per_head, 4 * per_head, 6 * per_head, 13 * per_head):  # heads, batches
+        out = reference(spec, inputs.q, inputs.k, inputs.v, budget_bytes=budget)
+        torch.testing.assert_close(out, full, rtol=0, atol=0)
+
+
+def test_attention_inputs_layouts():
+    from fact.tune.attention import AttentionSpec, make_inputs
+
+    spec = AttentionSpec.from_pattern(MINIGPT_ATTENTION, {"batch": 2, "seq_q": 24, "seq_k": 24})
+    inputs = make_inputs(spec, "cpu")  # the plan's layout: one fused QKV buffer
+    b, s, h, d = 2, 24, 8, 96
+    for t in (inputs.q, inputs.k, inputs.v, inputs.o):
+        assert t.shape == (b, h, s, d) and t.dtype == torch.bfloat16 and t.stride(-1) == 1
+    assert inputs.q.stride() == (s * 3 * h * d, d, 3 * h * d, 1)
+    assert inputs.k.data_ptr() - inputs.q.data_ptr() == h * d * 2
+    assert inputs.v.data_ptr() - inputs.k.data_ptr() == h * d * 2
+    assert inputs.o.stride() == (s * h * d, d, h * d, 1) and torch.isnan(inputs.o).all()
+    assert not torch.isnan(inputs.q.float()).any()
+    # separate projections (B, S, H, D) each, GQA
+    gqa = AttentionSpec.from_pattern(LLAMA_ATTENTION, {"batch": 1, "seq_q": 16, "seq_k": 16})
+    sep = make_inputs(gqa, "cpu")
+    assert sep.q.stride() == (16 * 32 * 128, 128, 32 * 128, 1)
+    assert sep.k.shape == (1, 8, 16, 128) and sep.k.stride() == (16 * 8 * 128, 128, 8 * 128, 1)
+    assert sep.k.untyped_storage().data_ptr() != sep.v.untyped_storage().data_ptr()
+    fused = make_inputs(gqa, "cpu", layout="fused")  # (B, S, H + 2 Hk, D)
+    assert fused.k.stride() == (16 * 48 * 128, 128, 48 * 128, 1)
+    assert fused.v.data_ptr() - fused.q.data_ptr() == 40 * 128 * 2
+    # fresh values every call; a seed replays them
+    again = make_inputs(spec, "cpu")
+    assert again.seed != inputs.seed and not torch.equal(again.q, inputs.q)
+    replay = make_inputs(spec, "cpu", seed=inputs.seed)
+    assert torch.equal(replay.q, inputs.q) and torch.equal(replay.v, inputs.v)
+    bhsd = make_inputs(AttentionSpec.from_pattern(
+        _changed(MINIGPT_ATTENTION, attrs__out_layout="bhsd"), {"batch": 1, "seq_q": 8,
+                                                                 "seq_k": 8}), "cpu")  # fmt: skip
+    assert bhsd.o.is_contiguous() and bhsd.o.shape == (1, 8, 8, 96)
+
+
+def test_attention_args_for_the_fused_qkv_view():
+    """MiniGPT's Q, K, V are views of the c_attn output: the args carry the plan's strides and
+    pointers a head block apart; the output is written as (b, s, h*d)."""
+    from fact.tune.attention import AttentionSpec, args_for, make_inputs
+
+    spec = AttentionSpec.from_pattern(MINIGPT_ATTENTION, {"batch": 2})
+    inputs = make_inputs(spec, "cpu")
+    args = args_for(inputs.q, inputs.k, inputs.v, inputs.o, spec.scale, sm_count=132)
+    plan = MINIGPT_ATTENTION["attrs"]
+    for r in "qkv":
+        got = [getattr(args, f"{r}_stride_{x}") for x in "bhs"]
+        assert got == plan[f"{r}_strides"][:3], r
+    assert (args.o_stride_b, args.o_stride_h, args.o_stride_s) == (512 * 768, 96, 768)
+    assert args.k - args.q == 768 * 2 and args.v - args.k == 768 * 2
+    assert args.o == inputs.o.data_ptr()
+    assert (args.batch, args.heads, args.kv_heads, args.seq_q, args.seq_k, args.head_dim) == (
+        2, 8, 8, 512, 512, 96)  # fmt: skip
+    assert args.scale == pytest.approx(spec.scale) and args.sm_count == 132
+    # what the ABI cannot express is refused before a kernel sees it
+    q, k, v, o = inputs.q, inputs.k, inputs.v, inputs.o
+    with pytest.raises(FactError, match="head dim must be contiguous"):
+        args_for(q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3), o.transpose(2, 3), 1.0)
+    with pytest.raises(FactError, match="must be q's shape"):
+        args_for(q, k, v, o[:, :4], 1.0)
+    with pytest.raises(FactError, match="is not a multiple of 3 key/value heads"):
+        args_for(q, k[:, :3], v[:, :3], o, 1.0)
+    with pytest.raises(FactError, match="is torch.float32"):
+        args_for(q, k, v.float(), o, 1.0)
+
+
+def test_attention_tolerance():
+    assert tolerance(MINIGPT_ATTENTION, "highest") == tolerance(LLAMA_ATTENTION, "medium")
+    assert tolerance(MINIGPT_ATTENTION) == harness.TOL_ATTENTION == 1e-2
+    with pytest.raises(NotSupportedError):
+        tolerance(_changed(MINIGPT_ATTENTION, attrs__dtype="f32", attrs__out_dtype="f32"))
+    with pytest.raises(FactError, match="precision"):
+        tolerance(MINIGPT_ATTENTION, "low")
+
+
+def test_attention_tolerance_is_sensible_for_bf16():
+    """PyTorch's SDPA in bf16 (and rounding the exact result to bf16) sit well inside the
+    tolerance; an off-by-one causal mask, a wrong scale or a wrong head mapping are far out."""
+    from fact.tune.attention import AttentionSpec, make_inputs, pytorch_attention, reference
+
+    spec = AttentionSpec.from_pattern(LLAMA_ATTENTION, {"batch": 1, "seq_q": 256, "seq_k": 256})
+    inputs = make_inputs(spec, "cpu", seed=1)
+    ref = reference(spec, inputs.q, inputs.k, inputs.v)
+    tol = tolerance(spec)
+    rounded, _ = rel_err(ref.to(torch.bfloat16), ref)
+    sdpa, _ = rel_err(pytorch_attention(spec, inputs.q, inputs.k, inputs.v), ref)
+    assert 5e-4 < rounded < 3e-3 and 5e-4 < sdpa < 4e-3 and 2 * sdpa < tol
+    q, k, v = inputs.q, inputs.k, inputs.v
+    off_by_one = torch.ones(256, 256, dtype=torch.bool).tril(1)  # sees one key too many
+    wrong = [
+        F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=off_by_one,
+                                       scale=spec.scale, enable_gqa=True),
+        F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                       scale=1.1 * spec.scale, enable_gqa=True),
+        F.scaled_dot_product_attention(q.double(), k.repeat(1, 4, 1, 1).double(),
+                                       v.repeat(1, 4, 1, 1).double(), is_causal=True,
+                                       scale=spec.scale),
+    ]  # fmt: skip
+    for out in wrong:
+        assert rel_err(out, ref)[0] > 3 * tol
+
+
+def _att_candidate(path, name=None):
+    return {"kernel": name, "library": str(path), "config": None}
+
+
+def test_evaluate_attention_kernel_with_fakes(fake_attention):
+    from fact.tune.attention import evaluate_attention_kernel
+
+    pattern = attention_pattern(causal=True)
+    kw = dict(device="cpu", problem=None, precision="highest")
+    good = evaluate_attention_kernel(_att_candidate(fake_attention("att_good")), pattern, **kw)
+    assert good["disposition"] == "passed", good["message"]
+    assert good["kernel"] == "att_good" and good["config"]["name"] == "att_good_cfg"
+    assert 0 < good["error"] < 5e-3 and good["time_us"] > 0 and good["knobs"] == {}
+    assert good["problem"] == pattern["problem"] and good["signature"] == pattern["signature"]
+    assert good["verify"]["max_rel_err"]["b2_h4_kv2_q40_k40_d32"] < 1e-2
+    for mode in ("wrong", "gqa_mod", "no_mask", "skip_tail"):
+        row = evaluate_attention_kernel(
+            _att_candidate(fake_attention(f"att_{mode}", mode)), pattern, **kw
+        )
+        assert row["disposition"] == "incorrect", (mode, row)
+        assert row["time_us"] is None and "rel_err" in row["message"] and "seed" in row["message"]
+        if mode == "skip_tail":
+            assert "NaN/Inf" in row["message"]
+    # a non-default scale reaches the kernel (the sqrt_scale fake would pass otherwise)
+    scaled = attention_pattern(causal=False, scale=0.3)
+    row = evaluate_attention_kernel(
+        _att_candidate(fake_attention("att_plain", causal=False)), scaled, **kw
+    )
+    assert row["disposition"] == "passed", row["message"]
+    row = evaluate_attention_kernel(
+        _att_candidate(fake_attention("att_plain_sqrt", "sqrt_scale", causal=False)), scaled, **kw
+    )
+    assert row["disposition"] == "incorrect"
+
+
+def test_evaluate_attention_kernel_refusals(fake_attention, fake_kernels):
+    from fact.tune.attention import evaluate_attention_kernel
+
+    pattern = attention_pattern(causal=True)
+    kw = dict(device="cpu")
+    refuses = evaluate_attention_kernel(
+        _att_candidate(fake_attention("att_refuses", "not_supported")), pattern, **kw
+    )
+    assert refuses["disposition"] == "not_supported"
+    assert "NOT_SUPPORTED: fake: cannot implement" in refuses["message"]
+    # a non-causal kernel for a causal pattern, a kernel for smaller heads, a GEMM kernel
+    for path, why in [
+        (fake_attention("att_plain", causal=False), "causal: kernel False, pattern True"),
+        (fake_attention("att_d16", head_dim=16), "head_dim: kernel serves up to 16"),
+        (fake_kernels("gelu_good", MINIGPT_GELU, epi=2), "a gemm kernel library"),
+    ]:
+        row = evaluate_attention_kernel(_att_candidate(path), pattern, **kw)
+        assert row["disposition"] == "not_supported" and why in row["message"], row["message"]
+    missing = evaluate_attention_kernel(_att_candidate("/nonexistent/k.so", "gone"), pattern, **kw)
+    assert missing["disposition"] == "not_supported" and missing["kernel"] == "gone"
+    # later shapes the kernel cannot implement are skipped (the fake refuses seq_q == 7)
+    good = evaluate_attention_kernel(
+        _att_candidate(fake_attention("att_good")), pattern,
+        shapes=[{"seq_q": 7, "seq_k": 7}, {"seq_q": 23, "seq_k": 57}], **kw,
+    )  # fmt: skip
+    assert good["disposition"] == "passed", good["message"]
+    assert list(good["verify"]["skipped"]) == ["b2_h4_kv2_q7_k7_d32"]
+    assert set(good["verify"]["rel_err"]) == {"b2_h4_kv2_q40_k40_d32", "b2_h4_kv2_q23_k57_d32"}
+    # but the problem itself must run
+    row = evaluate_attention_kernel(
+        _att_candidate(fake_attention("att_good")), pattern, problem={"seq_q": 7, "seq_k": 7}, **kw
+    )
+    assert row["disposition"] == "not_supported" and row["problem"]["seq_q"] == 7
+
+
+def test_run_kernel_and_its_errors(fake_attention):
+    from fact.tune.attention import AttentionSpec, make_inputs, reference, run_kernel
+
+    spec = AttentionSpec.from_pattern(attention_pattern(fused=True))
+    inputs = make_inputs(spec, "cpu")
+    run_kernel(fake_attention("att_good"), inputs.q, inputs.k, inputs.v, inputs.o, spec)
+    err, _ = rel_err(inputs.o, reference(spec, inputs.q, inputs.k, inputs.v))
+    assert err < 5e-3
+    with pytest.raises(abi.KernelStatusError, match=r"kernel att_refuses .*NOT_SUPPORTED: fake"):
+        run_kernel(
+            fake_attention("att_refuses", "not_supported"), inputs.q, inputs.k, inputs.v,
+            inputs.o, spec,
+        )  # fmt: skip
+    small = torch.empty(16, dtype=torch.uint8)
+    with pytest.raises(FactError, match="workspace of 16 bytes, it needs 1280"):
+        run_kernel(fake_attention("att_good"), inputs.q, inputs.k, inputs.v, inputs.o, spec, small)
+
+
+def test_harness_dispatches_attention_in_process(fake_attention):
+    """evaluate_kernel / evaluate_pytorch / verify take the attention path for attention
+    patterns (the GEMM path would refuse them: no dtype_a)."""
+    from fact.tune.harness import evaluate_kernel, evaluate_pytorch
+
+    pattern = attention_pattern(causal=True)
+    row = evaluate_kernel(
+        _att_candidate(fake_attention("att_good")), pattern, knobs_list=[DEFAULT_KNOBS],
+        device="cpu", problem={"seq_q": 24, "seq_k": 24},
+    )  # fmt: skip
+    assert row["disposition"] == "passed", row["message"]
+    assert row["problem"] == {**pattern["problem"], "seq_q": 24, "seq_k": 24}
+    torch_row = evaluate_pytorch(pattern, device="cpu")
+    assert torch_row["kernel"] == "pytorch" and torch_row["disposition"] == "passed"
+    assert torch_row["config"] == {"name": "pytorch"} and torch_row["library"] is None
+    assert 0 < torch_row["error"] < 5e-3 and torch_row["time_us"] > 0
+    result = verify(fake_attention("att_gqa_mod", "gqa_mod"), pattern, device="cpu")
+    assert result["disposition"] == "incorrect" and not result["ok"]
+
+
+def test_tune_attention_isolates_faults(fake_attention):
+    pattern = attention_pattern(causal=True, fused=True)
+    good = fake_attention("att_good")
+    libraries = [
+        {"kernel": "good", "library": good, "config": {"name": "good_cfg"}},
+        fake_attention("att_segv", "segv"),
+        fake_attention("att_wrong", "wrong"),
+        fake_attention("att_refuses", "not_supported"),
+        str(good),
+    ]
+    details: dict = {}
+    rows = tune(pattern, libraries, "high", device="cpu", details=details)
+    assert [(r["kernel"], r["disposition"]) for r in rows] == [
+        ("pytorch", "passed"),
+        ("good", "passed"),
+        ("att_segv", "fault"),
+        ("att_wrong", "incorrect"),
+        ("att_refuses", "not_supported"),
+        ("att_good", "passed"),  # after the segfault, in a fresh worker
+    ]
+    assert details["workers"] == 2
+    assert "SIGSEGV" in rows[2]["message"] and rows[2]["problem"] == pattern["problem"]
+    for r in rows:
+        assert r["signature"] == pattern["signature"] and r["problem"] == pattern["problem"]
+    assert rows[1]["time_us"] > 0 and rows[1]["knobs"] == {} and rows[1]["error"] < 5e-3
+    assert rows[5]["config"]["name"] == "att_good_cfg"
+    export = registry_export(rows)["rows"]
+    assert [r["disposition"] for r in export] == [
+        "passed", "fault", "incorrect", "not_supported", "passed"]  # fmt: skip
+    with pytest.raises(NotSupportedError, match="heads 4 is not a multiple of kv_heads 3"):
+        tune(pattern, [good], problem={"kv_heads": 3}, device="cpu")
+
+
+def test_cli_tunes_attention_patterns(fake_attention, fake_kernels, tmp_path):
+    """The CLI over a plan with an attention and a GEMM pattern and a folder of kernels: each
+    kernel is matched to its pattern by its info and tuned there."""
+    folder = tmp_path / "cache"
+    for name, path in [
+        ("a", fake_attention("att_good")),
+        ("b", fake_attention("att_plain", causal=False)),  # serves no pattern of the plan
+        ("c", fake_kernels("gelu_good", MINIGPT_GELU, epi=2)),
+    ]:
+        (folder / name).mkdir(parents=True)
+        shutil.copy(path, folder / name / "kernel.so")
+    plan = _plan_with(MINIGPT_GELU, SMALL)
+    plan["patterns"][0] = attention_pattern(causal=True)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    entries = scan_kernels(folder, plan)
+    assert [(e["pattern_index"], e["kernel"]) for e in entries] == [
+        (0, "att_good"),
+        (1, "gelu_good"),
+    ]
+    out, export = tmp_path / "results.json", tmp_path / "export.json"
+    cmd = [sys.executable, "-m", "fact.tune.harness", str(tmp_path / "plan.json"), "--kernels",
+           str(folder), "--out", str(out), "--export", str(export), "--device", "cpu", "--knobs",
+           "default", "--shapes", json.dumps(SMALL_SHAPES)]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=REPO,
+        env={**_env(), "PYTHONPATH": str(REPO / "python")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["pattern_index"], r["kernel"], r["disposition"]) for r in rows] == [
+        (0, "pytorch", "passed"),
+        (0, "att_good", "passed"),
+        (1, "pytorch", "passed"),
+        (1, "gelu_good", "passed"),
+    ]
+    assert rows[1]["problem"] == plan["patterns"][0]["problem"] and rows[1]["knobs"] == {}
+    doc = json.loads(export.read_text())
+    assert [r["config"]["name"] for r in doc["rows"]] == ["att_good_cfg", "gelu_good_cfg"]
+    engine = REPO / "build" / "fact-engine"
+    if engine.exists():  # the engine takes attention rows as they are
+        imp = subprocess.run(
+            [engine, "registry", "--registry", str(tmp_path / "r.db"), "import", str(export)],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert imp.returncode == 0, imp.stderr
+
+
+def test_tune_run_measures_attention_kernels(engine_available, fake_attention, tmp_path):
+    """A realize run directory with an attention pattern: its kernels are tuned (rows with
+    time_us and error, source "tuned"), the registry keeps them, and a second call reads them
+    from there (source "registry") without running anything."""
+    from fact.tune.runs import tune_run
+
+    run = tmp_path / "run"
+    (run / "lib").mkdir(parents=True)
+    pattern = attention_pattern(causal=True)
+    (run / "plan.json").write_text(json.dumps({"arch": "sm90", "patterns": [pattern]}))
+    shutil.copy(fake_attention("att_good"), run / "lib" / "good.so")
+    shutil.copy(fake_attention("att_wrong", "wrong"), run / "lib" / "wrong.so")
+    manifest = [
+        {"pattern_index": 0, "family": "attention", "kernel": k, "status": "compiled",
+         "library": f"lib/{k}.so", "config": attention_info(k)["config"]}
+        for k in ("good", "wrong")
+    ]  # fmt: skip
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    registry = ["--registry", str(tmp_path / "registry.db")]
+    best = tune_run(run, "highest", registry=registry, device="cpu")
+    assert list(best) == [0]
+    rows = best[0]
+    assert [(r["kernel"], r.get("source")) for r in rows] == [("good", "tuned"), ("pytorch", None)]
+    assert rows[0]["time_us"] > 0 and 0 < rows[0]["error"] < 5e-3 and rows[0]["knobs"] == {}
+    assert rows[0]["library"] == str(run / "lib" / "good.so") and rows[1]["time_us"] > 0
+    results = json.loads((run / "results.json").read_text())
+    assert [r["disposition"] for r in results["rows"]] == ["passed", "passed", "incorrect"]
+    # warm: the registry has the passed row; the wrong kernel is measured again (no passed row)
+    (run / "lib" / "wrong.so").unlink()
+    (run / "manifest.json").write_text(json.dumps(manifest[:1]))
+    again = tune_run(run, "highest", registry=registry, device="cpu")
+    assert [(r["kernel"], r["source"]) for r in again[0]] == [("good", "registry")]
+    assert again[0][0]["time_us"] == rows[0]["time_us"]

@@ -7,6 +7,12 @@ one whose kernel hits an illegal address, which kills the CUDA context).
 With FACT_TEST_KERNELS=manifest.json (compiled kernels, see scripts/gpu_tests.sh): every kernel
 is tuned (verify + time, fault-isolated) against its pattern and must pass, then verified and
 timed once more in this process through the in-process API.
+
+Fused attention: the float32 reference and SDPA on the device at the models' sizes, and, where
+nvcc, CUTLASS and fact-engine are there, attention problems realized with the engine (`fact
+realize`) whose every kernel must pass verification: causal MiniGPT-like (fused QKV, head dim
+96), grouped-query (8 heads, 2 kv, head dim 128), a ragged sequence of 500, and non-causal with
+a softmax scale of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -36,7 +44,15 @@ from fact.tune.harness import (
 from fact.tune.inputs import gemm_args, make_inputs
 from fact.tune.reference import as_output, gemm_spec, pytorch_candidate, reference
 from helpers import REPO
-from test_tune_cpu import FAKE_KERNEL_C, MINIGPT_GELU, MODES, compile_c, kernel_info
+from test_tune_cpu import (
+    FAKE_KERNEL_C,
+    LLAMA_ATTENTION,
+    MINIGPT_ATTENTION,
+    MINIGPT_GELU,
+    MODES,
+    compile_c,
+    kernel_info,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -217,7 +233,247 @@ def test_manifest_kernel(entry, pattern):
     )
     # it passed in isolation: the in-process API must agree
     lib = KernelLibrary(entry["library"])
-    assert lib.info.get("family") == gemm_spec(pattern).family
     result = verify(lib, pattern, problem, precision)
     assert result["ok"], result["message"]
+    if pattern.get("family") == "attention":
+        assert lib.family == "attention" and lib.info.get("family") == "attention"
+        return
+    assert lib.info.get("family") == gemm_spec(pattern).family
     assert time_kernel(lib, pattern, problem, row["knobs"]) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused attention
+
+
+def test_attention_reference_on_gpu_at_model_sizes():
+    """The float32 reference at Llama's (B=4, H=32, S=2048, GQA) and MiniGPT's (B=128, H=8,
+    S=512, fused QKV) sizes fits in memory, ignores the worker's TF32 setting, agrees with the
+    float64 CPU reference, and PyTorch's SDPA sits inside the tolerance."""
+    from fact.tune.attention import AttentionSpec, make_inputs, pytorch_attention, reference
+
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")  # what a worker tuning at "medium" sets
+    try:
+        for pattern in (LLAMA_ATTENTION, MINIGPT_ATTENTION):
+            spec = AttentionSpec.from_pattern(pattern)
+            inputs = make_inputs(spec, "cuda")
+            torch.cuda.reset_peak_memory_stats()
+            ref = reference(spec, inputs.q, inputs.k, inputs.v)
+            assert ref.dtype == torch.float32 and ref.is_cuda
+            assert torch.cuda.max_memory_allocated() < 24 << 30
+            err, why = rel_err(pytorch_attention(spec, inputs.q, inputs.k, inputs.v), ref)
+            assert err < tolerance(spec) / 2, why
+            # one batch entry against the float64 reference on the CPU
+            one = spec.with_problem({"batch": 1})
+            cpu = reference(one, *(t[:1].cpu() for t in (inputs.q, inputs.k, inputs.v)))
+            torch.testing.assert_close(ref[:1].cpu().double(), cpu, rtol=0, atol=1e-5)
+            del inputs, ref
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_attention_pytorch_row_on_gpu():
+    from fact.tune.attention import evaluate_attention_pytorch
+
+    row = evaluate_attention_pytorch(LLAMA_ATTENTION, problem={"batch": 1, "seq_q": 1024,
+                                                               "seq_k": 1024})  # fmt: skip
+    assert row["disposition"] == "passed", row["message"]
+    assert 0 < row["error"] < tolerance(LLAMA_ATTENTION) and row["time_us"] > 1
+    flops = 4 * 32 * 1024 * 1024 * 128 / 2  # causal: half the scores
+    assert flops / (row["time_us"] * 1e-6) < 2e15
+
+
+ATTENTION_PROBLEMS = {
+    # MiniGPT's hand-written causal attention, Q, K and V read in place from a fused QKV input
+    "causal_fused": """
+        import math
+
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        B, T, H, D = 2, 256, 4, 96
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+            def forward(self, qkv):
+                b, t, c3 = qkv.shape
+                c = c3 // 3
+                q, k, v = qkv.split(c, dim=2)
+                q = q.view(b, t, H, D).transpose(1, 2)
+                k = k.view(b, t, H, D).transpose(1, 2)
+                v = v.view(b, t, H, D).transpose(1, 2)
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+                att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+                att = F.softmax(att, dim=-1)
+                y = att @ v
+                return y.transpose(1, 2).contiguous().view(b, t, c)
+
+
+        def get_inputs():
+            return [torch.randn(B, T, 3 * H * D)]
+        """,
+    # Llama's grouped-query SDPA: 8 query heads share 2 key/value heads
+    "gqa": """
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        B, S, H, HK, D = 2, 256, 8, 2, 128
+
+
+        class Model(nn.Module):
+            def forward(self, q, k, v):
+                b, s, _ = q.shape
+                q = q.view(b, s, H, D).transpose(1, 2)
+                k = k.view(b, s, HK, D).transpose(1, 2)
+                v = v.view(b, s, HK, D).transpose(1, 2)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return y.transpose(1, 2).contiguous().view(b, s, H * D)
+
+
+        def get_inputs():
+            return [torch.randn(B, S, H * D), torch.randn(B, S, HK * D),
+                    torch.randn(B, S, HK * D)]
+        """,
+    # non-causal, a softmax scale that is not 1/sqrt(head_dim)
+    "scaled": """
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        B, S, H, D = 2, 384, 4, 64
+
+
+        class Model(nn.Module):
+            def forward(self, q, k, v):
+                b, s, _ = q.shape
+                q, k, v = (t.view(b, s, H, D).transpose(1, 2) for t in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+                return y.transpose(1, 2).contiguous().view(b, s, H * D)
+
+
+        def get_inputs():
+            return [torch.randn(B, S, H * D) for _ in range(3)]
+        """,
+}
+
+#: (test id, realized problem, sizes on top of its plan's problem, what the plan must say)
+ATTENTION_CASES = [
+    ("causal-minigpt-d96", "causal_fused", None, {"causal": True, "head_dim": 96, "heads": 4}),
+    ("gqa-h8-kv2-d128", "gqa", None, {"causal": True, "heads": 8, "kv_heads": 2}),
+    ("ragged-seq500", "causal_fused", {"seq_q": 500, "seq_k": 500}, {"causal": True}),
+    ("gqa-ragged-seq500", "gqa", {"seq_q": 500, "seq_k": 500}, {"kv_heads": 2}),
+    ("noncausal-scale0.3", "scaled", None, {"causal": False, "scale": 0.3}),
+    ("noncausal-cross-q200-k333", "scaled", {"seq_q": 200, "seq_k": 333}, {"causal": False}),
+]
+
+
+def _realize_prerequisites() -> str | None:
+    """Why attention problems cannot be realized here (None when they can)."""
+    from fact.cli import find_cutlass
+    from fact.engine import find_engine
+    from fact.errors import FactError
+
+    if _nvcc() is None:
+        return "needs nvcc"
+    try:
+        find_engine()
+        cutlass = Path(find_cutlass(None))
+    except FactError as exc:
+        return f"needs fact-engine and CUTLASS: {exc}"
+    if not (cutlass / "examples" / "88_hopper_fmha").is_dir():
+        return f"CUTLASS at {cutlass} has no examples/88_hopper_fmha"
+    return None
+
+
+def _attention_run(name: str, folder: Path, log: str = "") -> tuple[dict, list, str]:
+    plan = json.loads((folder / "plan.json").read_text())
+    patterns = [i for i, p in enumerate(plan["patterns"]) if p["family"] == "attention"]
+    assert len(patterns) == 1, f"{name}: the plan has no single attention pattern"
+    entries, _ = load_manifest(folder)
+    mine = [e for e in entries if e["pattern_index"] == patterns[0]]
+    return plan["patterns"][patterns[0]], mine, log
+
+
+@pytest.fixture(scope="module")
+def realized_attention(tmp_path_factory):
+    """{problem name: (plan pattern, manifest entries, realize's log)}: each attention problem
+    realized with the engine (2 candidates each, compiled in parallel into one kernel cache).
+
+    FACT_TEST_ATTENTION_RUNS=DIR takes them from DIR/<name> instead (run directories of
+    `fact realize DIR/<name>.py --dtype bf16 --out DIR/<name>` made elsewhere, e.g. on a CPU
+    machine with nvcc: write the problems with `python tests/python/test_tune_gpu.py DIR`)."""
+    given = os.environ.get("FACT_TEST_ATTENTION_RUNS")
+    if given:
+        return {name: _attention_run(name, Path(given) / name) for name in ATTENTION_PROBLEMS}
+    why = _realize_prerequisites()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("attention_runs")
+    env = {**os.environ, "FACT_CACHE_DIR": str(root / "cache")}
+    procs = {}
+    for name, source in ATTENTION_PROBLEMS.items():
+        problem = root / f"{name}.py"
+        problem.write_text(textwrap.dedent(source))
+        cmd = [sys.executable, "-m", "fact", "realize", str(problem), "--dtype", "bf16",
+               "--candidates", "2", "--out", str(root / name), "--json"]  # fmt: skip
+        procs[name] = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    realized = {}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, f"fact realize {name}: {err}"
+        realized[name] = _attention_run(name, root / name, err)
+    return realized
+
+
+@pytest.mark.parametrize(
+    ("problem_name", "sizes", "expect"),
+    [pytest.param(*case[1:], id=case[0]) for case in ATTENTION_CASES],
+)
+def test_realized_attention_kernels_pass(realized_attention, problem_name, sizes, expect):
+    pattern, entries, log = realized_attention[problem_name]
+    for key, value in expect.items():
+        got = pattern["attrs"][key] if key in ("causal", "scale") else pattern["problem"][key]
+        assert got == pytest.approx(value), (key, got)
+    built = [e for e in entries if e.get("library")]
+    assert built, f"the engine built no attention kernel: {entries} {log[-2000:]}"
+    assert all(e.get("family", "attention") == "attention" for e in built)
+    rows = tune(pattern, built, "highest", problem=sizes)  # fault-isolated
+    base, *kernels = rows
+    assert base["kernel"] == "pytorch" and base["disposition"] == "passed", base["message"]
+    tol = tolerance(pattern)
+    for row in kernels:
+        assert row["disposition"] == "passed", f"{row['kernel']}: {row['message']}"
+        assert 0 < row["error"] <= tol and row["time_us"] > 0 and row["knobs"] == {}
+        if sizes:
+            assert all(row["problem"][k] == v for k, v in sizes.items())
+        print(
+            f"\n{row['kernel']}: {row['time_us']:.1f} us (sdpa {base['time_us']:.1f} us), "
+            f"rel_err {row['error']:.2e}, max {max(row['verify']['max_rel_err'].values()):.2e}"
+        )
+    # in process too: each kernel on fresh inputs, and through run_kernel directly
+    from fact.tune.attention import AttentionSpec, make_inputs, reference, run_kernel
+
+    spec = AttentionSpec.from_pattern(pattern, sizes)
+    for entry in built:
+        inputs = make_inputs(spec, "cuda")
+        run_kernel(entry["library"], inputs.q, inputs.k, inputs.v, inputs.o, spec)
+        torch.cuda.synchronize()
+        err, why = rel_err(inputs.o, reference(spec, inputs.q, inputs.k, inputs.v))
+        assert err <= tol, f"{entry['kernel']}: rel_err {err:.3g} {why}"
+
+
+if __name__ == "__main__":  # write the attention problems for FACT_TEST_ATTENTION_RUNS
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for name, source in ATTENTION_PROBLEMS.items():
+        (out / f"{name}.py").write_text(textwrap.dedent(source))
+        print(out / f"{name}.py")

@@ -1,8 +1,10 @@
 """fact.tune: load compiled kernels through the C ABI, verify them, time them.
 
-    abi        ctypes mirror of engine/realize/abi/fact_gemm_abi.h; KernelLibrary (no torch)
+    abi        ctypes mirror of engine/realize/abi/fact_*_abi.h; KernelLibrary (no torch)
     reference  what a plan pattern computes: float64 reference, unfused PyTorch candidate
     inputs     fresh random inputs laid out for a kernel; FactGemmArgs over them
+    attention  fused attention patterns: spec, inputs, reference, FactAttentionArgs, the
+               kernel's and SDPA's verification and timing (the harness dispatches there)
     harness    verify / time_kernel / time_pytorch, and the fault-isolated `tune` driver
                (also the CLI: python -m fact.tune.harness PLAN.json --kernels ... --out ...)
 
@@ -17,6 +19,8 @@ from typing import Any
 _LAZY = {
     "KernelLibrary": "fact.tune.abi",
     "FactGemmArgs": "fact.tune.abi",
+    "FactAttentionArgs": "fact.tune.abi",
+    "AttentionSpec": "fact.tune.attention",
     "Status": "fact.tune.abi",
     "eval_epilogue": "fact.tune.reference",
     "reference": "fact.tune.reference",

@@ -1,8 +1,9 @@
-"""ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h and,
-for row-norm kernels, fact_norm_abi.h).
+"""ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h; for
+row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h).
 
-The header is authoritative: `FactGemmArgs` below lists its fields in the same order with the same
-C types, and tests/python/test_tune_cpu.py compiles the header with gcc to check every offset.
+The headers are authoritative: `FactGemmArgs`, `FactNormArgs` and `FactAttentionArgs` below list
+their fields in the same order with the same C types, and tests/python/test_tune_cpu.py compiles
+the headers with gcc to check every offset.
 Nothing here needs torch or a GPU: a `KernelLibrary` only dlopens the .so and calls its exported
 functions; pointers are plain integers (device addresses on a GPU, host addresses in the CPU
 tests' fake kernels).
@@ -121,6 +122,46 @@ class FactNormArgs(ctypes.Structure):
     ]
 
 
+class FactAttentionArgs(ctypes.Structure):
+    """typedef struct FactAttentionArgs (abi/fact_attention_abi.h): fused attention, forward.
+
+    O[b, h, s] = softmax(scale * Q[b, h, s] . K[b, hk, :] (+ causal mask)) @ V[b, hk, :] with
+    hk = h // (heads // kv_heads). Strides are in elements (the last dim is contiguous);
+    pointers are integers; sm_count 0 = query the device.
+    """
+
+    _fields_ = [
+        ("batch", _I64),
+        ("heads", _I64),
+        ("kv_heads", _I64),
+        ("seq_q", _I64),
+        ("seq_k", _I64),
+        ("head_dim", _I64),
+        ("q", _PTR),
+        ("q_stride_b", _I64),
+        ("q_stride_h", _I64),
+        ("q_stride_s", _I64),
+        ("k", _PTR),
+        ("k_stride_b", _I64),
+        ("k_stride_h", _I64),
+        ("k_stride_s", _I64),
+        ("v", _PTR),
+        ("v_stride_b", _I64),
+        ("v_stride_h", _I64),
+        ("v_stride_s", _I64),
+        ("o", _PTR),
+        ("o_stride_b", _I64),
+        ("o_stride_h", _I64),
+        ("o_stride_s", _I64),
+        ("scale", ctypes.c_float),
+        ("sm_count", ctypes.c_int),
+    ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain Python values (null pointers as 0)."""
+        return {name: getattr(self, name) or 0 for name, _ in self._fields_}
+
+
 # name -> (restype, argtypes): what every kernel library exports, then per kernel family.
 _COMMON: dict[str, tuple[Any, list[Any]]] = {
     "fact_abi_version": (ctypes.c_int, []),
@@ -141,6 +182,17 @@ _FAMILIES: dict[str, dict[str, tuple[Any, list[Any]]]] = {
         "fact_norm_can_implement": (ctypes.c_int, [ctypes.POINTER(FactNormArgs)]),
         "fact_norm_run": (ctypes.c_int, [ctypes.POINTER(FactNormArgs), ctypes.c_void_p]),
     },
+    "attention": {
+        "fact_attention_can_implement": (ctypes.c_int, [ctypes.POINTER(FactAttentionArgs)]),
+        "fact_attention_workspace_size": (
+            ctypes.c_size_t,
+            [ctypes.POINTER(FactAttentionArgs)],
+        ),
+        "fact_attention_run": (
+            ctypes.c_int,
+            [ctypes.POINTER(FactAttentionArgs), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
+        ),
+    },
 }
 
 
@@ -153,6 +205,8 @@ class KernelLibrary:
 
     Construction checks that every ABI symbol is exported and that fact_abi_version() == 1, so a
     stale or foreign library fails here, naming the file, rather than misreading the struct later.
+    `family` ("gemm", "norm" or "attention") is told by the entry points the library exports (an
+    attention library whose fact_kernel_info() names another family is refused).
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -185,6 +239,11 @@ class KernelLibrary:
             )
         self.abi_version = version
         self._info: dict[str, Any] | None = None
+        if self.family == "attention" and self.info.get("family") not in (None, "attention"):
+            raise AbiError(
+                f"{self.path}: exports the attention entry points but fact_kernel_info() says "
+                f"family {self.info.get('family')!r}"
+            )
 
     @property
     def name(self) -> str:
@@ -234,6 +293,34 @@ class KernelLibrary:
     def norm_run(self, args: FactNormArgs, stream_ptr: int | None = None) -> int:
         """fact_norm_run(): enqueue the norm on the stream; returns a Status code."""
         return int(self._dll.fact_norm_run(ctypes.byref(args), stream_ptr or None))
+
+    def _family_call(self, family: str, name: str) -> Any:
+        if self.family != family:
+            raise AbiError(f"{self.path}: a {self.family} kernel library has no {name}()")
+        return getattr(self._dll, name)
+
+    def attention_can_implement(self, args: FactAttentionArgs) -> int:
+        """fact_attention_can_implement() of an attention kernel: a Status code."""
+        fn = self._family_call("attention", "fact_attention_can_implement")
+        return int(fn(ctypes.byref(args)))
+
+    def attention_workspace_size(self, args: FactAttentionArgs) -> int:
+        """fact_attention_workspace_size(): bytes of device workspace fact_attention_run needs."""
+        fn = self._family_call("attention", "fact_attention_workspace_size")
+        return int(fn(ctypes.byref(args)))
+
+    def attention_run(
+        self,
+        args: FactAttentionArgs,
+        workspace_ptr: int | None = None,
+        workspace_bytes: int = 0,
+        stream_ptr: int | None = None,
+    ) -> int:
+        """fact_attention_run(): enqueue the attention on the stream; returns a Status code."""
+        fn = self._family_call("attention", "fact_attention_run")
+        return int(
+            fn(ctypes.byref(args), workspace_ptr or None, workspace_bytes, stream_ptr or None)
+        )
 
     def last_error(self) -> str:
         """fact_last_error(): the message of the last failed call on this thread."""

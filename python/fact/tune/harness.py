@@ -10,6 +10,10 @@ In-process building blocks (they need the device; run them where a fault may kil
   time_kernel / time_pytorch      CUDA events, warm-up, median of >= 20 reps, L2 flushed between
                                   reps by writing a 256 MiB buffer
 
+Fused attention patterns (family "attention") are verified and timed by fact.tune.attention
+(float32 reference, scaled_dot_product_attention as the PyTorch candidate); evaluate_kernel,
+evaluate_pytorch, verify, tolerance and tune dispatch there.
+
 `tune(pattern, libraries, ...)` is the fault-isolated driver: it never touches the GPU itself but
 runs the candidates in a child process (`python -m fact.tune.harness --worker JOB PROGRESS`). The
 child appends JSON lines to PROGRESS as it goes ("start" before each candidate, "loaded" with the
@@ -63,6 +67,11 @@ from fact.tune.abi import (
 TOL_16BIT_OUTPUT = 2e-2  # bf16 / f16 outputs (and f32 GEMMs under precision "medium": bf16 math)
 TOL_F32_TF32 = 2e-3  # f32 GEMMs with TF32 allowed (float32_matmul_precision "high")
 TOL_F32_HIGHEST = 1e-5  # f32-accurate results ("highest"; also 16-bit inputs with f32 output)
+# Fused attention, bf16 / f16 in and out, whatever the precision: rounding the output gives
+# ~1e-3 (rel_err; max|out - ref| / max|ref| is 2-3e-3, as for PyTorch's own SDPA), rounding the
+# probabilities to 16 bits for the second GEMM about as much again; a wrong mask, scale or head
+# mapping gives 1e-1 and more.
+TOL_ATTENTION = 1e-2
 
 PRECISIONS = ("highest", "high", "medium")
 MIN_REPS = 20  # timing: median of at least this many repetitions
@@ -76,6 +85,10 @@ STARTUP_GRACE_S = 120.0  # on top, for a worker's start (import torch, CUDA cont
 
 DEFAULT_KNOBS = {"raster": "heuristic", "max_swizzle": 1, "splits": 1}
 PYTORCH = "pytorch"
+#: Plan families (of the pattern a kernel computes, runs.tuned_pattern) tuned here: the GEMM
+#: families (reference.GEMM_FAMILIES) and fused attention. Row norms are measured in the
+#: composed module.
+TUNED_FAMILIES = ("gemm", "horizontal_gemm", "attention")
 
 #: Worker exit status after a CUDA fault: its context is unusable, the parent starts a new one.
 EXIT_CUDA_FAULT = 3
@@ -87,12 +100,27 @@ class KernelFault(FactError):
     process's CUDA context is unusable from here on."""
 
 
+def _is_attention(pattern: Any) -> bool:
+    """A plan pattern of family "attention" (or an AttentionSpec): fact.tune.attention's."""
+    if isinstance(pattern, Mapping):
+        return pattern.get("family") == "attention"
+    from fact.tune.attention import AttentionSpec
+
+    return isinstance(pattern, AttentionSpec)
+
+
 def tolerance(pattern: Any, precision: str = "highest") -> float:
-    """The rel_err threshold for a pattern's kernels under a float32 matmul precision."""
+    """The rel_err threshold for a pattern's kernels under a float32 matmul precision
+    (attention: TOL_ATTENTION whatever the precision; its kernels are bf16 / f16 only)."""
     from fact.tune.reference import GemmSpec, gemm_spec
 
     if precision not in PRECISIONS:
         raise FactError(f"precision {precision!r} is not one of {PRECISIONS}")
+    if _is_attention(pattern):
+        from fact.tune.attention import _spec
+
+        _spec(pattern)  # NotSupportedError for what has no kernel (f32, mixed output dtype)
+        return TOL_ATTENTION
     spec = pattern if isinstance(pattern, GemmSpec) else gemm_spec(pattern)
     if spec.dtype_out in ("bf16", "f16"):
         return TOL_16BIT_OUTPUT
@@ -277,11 +305,16 @@ def verify(
 
     Returns {ok, disposition (passed | incorrect | not_supported | fault), rel_err {label: err},
     seeds {label: seed}, skipped {label: why}, tolerance, message}. Raises KernelFault when the
-    device faults (the caller's process should not touch CUDA again).
+    device faults (the caller's process should not touch CUDA again). An attention pattern goes
+    to fact.tune.attention.verify_attention (the problem, then `shapes`; no knobs).
     """
     from fact.tune.inputs import gemm_args, make_inputs, problem_label
     from fact.tune.reference import gemm_spec, reference
 
+    if _is_attention(pattern):
+        from fact.tune.attention import verify_attention
+
+        return verify_attention(lib, pattern, problem, precision, shapes, device=device)
     spec = gemm_spec(pattern) if isinstance(pattern, dict) else pattern
     lib = _load(lib)
     dev = _device(device)
@@ -534,6 +567,35 @@ def make_row(
     }
 
 
+def open_candidate(
+    candidate: Mapping[str, Any],
+    row: Mapping[str, Any],
+    on_load: Callable[[str, Mapping[str, Any]], None] | None = None,
+) -> tuple[KernelLibrary | None, dict[str, Any]]:
+    """Load a candidate's library ({kernel, library, config}). Returns the library and the
+    row's fields (row plus library, kernel and config, the library's own where the candidate
+    names none), or None and its finished not_supported row when the library does not load.
+    on_load(kernel, config) is called once it has loaded, before anything runs."""
+    library = str(candidate.get("library") or "")
+    config = candidate.get("config")
+    fields = {**row, "library": library}
+    try:
+        lib = _load(library)
+    except AbiError as exc:
+        return None, make_row(
+            **fields,
+            kernel=candidate.get("kernel") or Path(library).name,
+            config=config,
+            disposition="not_supported",
+            message=str(exc),
+        )
+    fields["kernel"] = candidate.get("kernel") or lib.name
+    fields["config"] = config if config is not None else lib.info.get("config", {})
+    if on_load is not None:
+        on_load(fields["kernel"], fields["config"])
+    return lib, fields
+
+
 def _max_err(errs: Iterable[float]) -> float | None:
     values = list(errs)
     return max(values) if values else None
@@ -559,30 +621,33 @@ def evaluate_kernel(
     Every knob combination's output is compared with the reference too (split-K changes the
     summation order); a combination that fails is not timed as a win. on_load(kernel, config)
     is called once the library is loaded, before anything runs. Raises KernelFault.
+    Attention patterns go to fact.tune.attention.evaluate_attention_kernel.
     """
     from fact.tune.inputs import make_inputs, resolve_problem
     from fact.tune.reference import gemm_spec, reference
 
+    if _is_attention(pattern):
+        from fact.tune.attention import evaluate_attention_kernel
+
+        return evaluate_attention_kernel(
+            candidate,
+            pattern,
+            arch=arch,
+            precision=precision,
+            problem=problem,
+            shapes=shapes,
+            knobs_list=knobs_list,
+            reps=reps,
+            warmup=warmup,
+            flush=flush,
+            device=device,
+            on_load=on_load,
+        )
     spec = gemm_spec(dict(pattern))
     prob = resolve_problem(spec, problem)
-    library = str(candidate.get("library") or "")
-    config = candidate.get("config")
-    row = dict(pattern=pattern, arch=arch, problem=prob, library=library)
-    try:
-        lib = _load(library)
-    except AbiError as exc:
-        return make_row(
-            **row,
-            kernel=candidate.get("kernel") or Path(library).name,
-            config=config,
-            disposition="not_supported",
-            message=str(exc),
-        )
-    kernel = candidate.get("kernel") or lib.name
-    config = config if config is not None else lib.info.get("config", {})
-    row.update(kernel=kernel, config=config)
-    if on_load is not None:
-        on_load(kernel, config)
+    lib, row = open_candidate(candidate, dict(pattern=pattern, arch=arch, problem=prob), on_load)
+    if lib is None:
+        return row
     dev = _device(device)
     v = verify(lib, spec, prob, precision, shapes, device=dev)
     if not v["ok"]:
@@ -593,7 +658,7 @@ def evaluate_kernel(
             message=v["message"],
             verify=v,
         )
-    combos = list(knobs_list) if knobs_list else knob_combinations(pattern, config)
+    combos = list(knobs_list) if knobs_list else knob_combinations(pattern, row["config"])
     inputs = make_inputs(spec, prob, dev)
     ref = reference(spec, inputs.A, inputs.B, inputs.operands)
     knob_times = []
@@ -659,10 +724,25 @@ def evaluate_pytorch(
     flush: bool = True,
     device: Any = "cuda",
 ) -> dict[str, Any]:
-    """The PyTorch candidate's row: verified like a kernel (see verify_pytorch), then timed."""
+    """The PyTorch candidate's row: verified like a kernel (see verify_pytorch), then timed.
+    Attention patterns: fact.tune.attention.evaluate_attention_pytorch (SDPA)."""
     from fact.tune.inputs import resolve_problem
     from fact.tune.reference import gemm_spec
 
+    if _is_attention(pattern):
+        from fact.tune.attention import evaluate_attention_pytorch
+
+        return evaluate_attention_pytorch(
+            pattern,
+            arch=arch,
+            precision=precision,
+            problem=problem,
+            shapes=shapes,
+            reps=reps,
+            warmup=warmup,
+            flush=flush,
+            device=device,
+        )
     spec = gemm_spec(dict(pattern))
     prob = resolve_problem(spec, problem)
     v = verify_pytorch(spec, prob, precision, shapes, device=device)
@@ -796,11 +876,24 @@ def _worker(job_path: str, progress_path: str) -> int:
     return 0
 
 
-def _fault_row(job: Mapping[str, Any], cand: Mapping[str, Any], message: str) -> dict[str, Any]:
+def resolve_pattern_problem(
+    pattern: Mapping[str, Any], problem: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The pattern's problem with `problem`'s sizes on top, per family (GEMM: {batch, m, n, k};
+    attention: {batch, heads, kv_heads, seq_q, seq_k, head_dim, head_dim_v}). Raises
+    NotSupportedError / FactError for a pattern the tuner cannot handle."""
+    if _is_attention(pattern):
+        from fact.tune.attention import AttentionSpec
+
+        return dict(AttentionSpec.from_pattern(pattern, problem).problem)
     from fact.tune.inputs import resolve_problem
     from fact.tune.reference import gemm_spec
 
-    problem = resolve_problem(gemm_spec(job["pattern"]), job.get("problem"))
+    return resolve_problem(gemm_spec(dict(pattern)), problem)
+
+
+def _fault_row(job: Mapping[str, Any], cand: Mapping[str, Any], message: str) -> dict[str, Any]:
+    problem = resolve_pattern_problem(job["pattern"], job.get("problem"))
     return make_row(
         job["pattern"],
         job["arch"],
@@ -897,13 +990,12 @@ def tune(
     A kernel is timed only if it passes verification; its row has the best knobs' median time.
     Dispositions: passed | incorrect | not_supported | fault. progress(row) is called as each
     row arrives; details (a dict) receives the worker's environment and how many workers ran.
+    Attention patterns (fact.tune.attention) go the same way: their kernels have no launch knobs
+    (knobs_list is ignored), the PyTorch candidate is scaled_dot_product_attention.
     """
-    from fact.tune.inputs import resolve_problem
-    from fact.tune.reference import gemm_spec
-
     if precision not in PRECISIONS:
         raise FactError(f"precision {precision!r} is not one of {PRECISIONS}")
-    prob = resolve_problem(gemm_spec(dict(pattern)), problem)  # fails early on a bad pattern
+    prob = resolve_pattern_problem(pattern, problem)  # fails early on a bad pattern
     candidates = [{"kernel": PYTORCH, "library": None, "config": {"name": PYTORCH}}]
     candidates += [_candidate(lib) for lib in libraries]
     for i, cand in enumerate(candidates):
@@ -1078,13 +1170,20 @@ def load_manifest(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], s
 def scan_kernels(folder: str | os.PathLike[str], plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Manifest entries for every kernel .so under `folder` (e.g. the kernel cache), matched to
     the plan's GEMM patterns by fact_kernel_info(): family, dtypes, layouts, operand kinds and
-    the epilogue up to operand names. A kernel may serve several patterns."""
+    the epilogue up to operand names; and to its attention patterns by family, dtype, causal
+    and head dim. A kernel may serve several patterns."""
     from fact.tune.reference import NotSupportedError, gemm_spec
 
     specs = {}
+    attention_specs = {}
     for i, pattern in enumerate(plan.get("patterns", [])):
         try:
-            specs[i] = gemm_spec(pattern)
+            if _is_attention(pattern):
+                from fact.tune.attention import AttentionSpec
+
+                attention_specs[i] = AttentionSpec.from_pattern(pattern)
+            else:
+                specs[i] = gemm_spec(pattern)
         except (NotSupportedError, FactError):
             continue
     entries = []
@@ -1094,6 +1193,20 @@ def scan_kernels(folder: str | os.PathLike[str], plan: Mapping[str, Any]) -> lis
             info = lib.info
         except AbiError as exc:
             print(f"fact-tune: skipping {so}: {exc}", file=sys.stderr)
+            continue
+        if lib.family == "attention":
+            from fact.tune.attention import check_kernel_info as check_attention_info
+
+            for i, att in attention_specs.items():
+                if not check_attention_info(info, att):
+                    entries.append(
+                        {
+                            "pattern_index": i,
+                            "kernel": lib.name,
+                            "library": str(so),
+                            "config": info.get("config"),
+                        }
+                    )
             continue
         for i, spec in specs.items():
             if check_kernel_info(info, spec):
@@ -1213,14 +1326,11 @@ def _parse_knobs(text: str | None) -> tuple[str, list[dict[str, Any]] | None]:
 
 def _unbuilt_row(pattern, arch, problem, entry) -> dict[str, Any]:
     """A row for a manifest entry realize could not build (compile_error / not_supported)."""
-    from fact.tune.inputs import resolve_problem
-    from fact.tune.reference import gemm_spec
-
     status = entry.get("status")
     return make_row(
         pattern,
         arch,
-        resolve_problem(gemm_spec(pattern), problem),
+        resolve_pattern_problem(pattern, problem),
         kernel=entry.get("kernel") or "-",
         library=None,
         config=entry.get("config"),
@@ -1351,7 +1461,7 @@ def _cli(args: argparse.Namespace, argv: Sequence[str]) -> int:
             print(f"pattern {index}: no kernel to run ({why})", file=sys.stderr)
             all_rows += [{**r, "pattern_index": index} for r in static_rows]
             continue
-        if pattern.get("family") not in ("gemm", "horizontal_gemm"):  # reference.GEMM_FAMILIES
+        if pattern.get("family") not in TUNED_FAMILIES:
             print(
                 f"pattern {index}: {pattern.get('family')} kernels are verified and timed in the "
                 "composed module (fact.optimize, fact bench), not here",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fact.engine import run_engine
-from fact.tune.reference import GEMM_FAMILIES
+from fact.tune.harness import TUNED_FAMILIES  # GEMM families and attention; not row norms
 
 
 def tuned_pattern(pattern: dict) -> dict:
@@ -56,6 +56,7 @@ def tune_run(
     *,
     registry: list[str] | None = None,
     progress=None,
+    device: str = "cuda",
 ) -> dict[int, list[dict]]:
     """Tune what the registry has not measured yet in a `fact realize` run directory, import
     the results into the registry, and return, per pattern index, the verified kernels of this
@@ -63,7 +64,8 @@ def tune_run(
 
     Kernels measured before come from the registry (source "registry", with the launch knobs
     they were timed with); kernels measured now carry their best knobs. The PyTorch
-    candidate's time, when tuned now, is in the row with kernel "pytorch".
+    candidate's time, when tuned now, is in the row with kernel "pytorch". device: where the
+    tuning workers run (the CPU tests' fake kernels use "cpu").
     """
     from fact.tune import harness
 
@@ -75,12 +77,13 @@ def tune_run(
     by_kernel = {e["kernel"]: e for e in built}
     pending = unmeasured(run, registry)
     pending = built if pending is None else [by_kernel[e["kernel"]] for e in pending]
-    # Only GEMM-family kernels go through the harness; the others (row norms) are verified and
-    # timed where they run, in the composed module's context, and listed untimed below.
+    # GEMM-family and attention kernels go through the harness; the others (row norms) are
+    # verified and timed where they run, in the composed module's context, and listed untimed
+    # below.
     pending = [
         e
         for e in pending
-        if tuned_pattern(plan["patterns"][e["pattern_index"]]).get("family") in GEMM_FAMILIES
+        if tuned_pattern(plan["patterns"][e["pattern_index"]]).get("family") in TUNED_FAMILIES
     ]
     fresh: list[dict] = []
     for index in sorted({e["pattern_index"] for e in pending}):
@@ -88,7 +91,7 @@ def tune_run(
         entries = [e for e in pending if e["pattern_index"] == index]
         if progress:
             progress(f"tuning pattern {index} {pattern.get('signature')}: {len(entries)} kernels")
-        rows = harness.tune(pattern, entries, precision, arch=arch)
+        rows = harness.tune(pattern, entries, precision, arch=arch, device=device)
         for row in rows:
             row["pattern_index"] = index
         fresh += rows
@@ -110,7 +113,7 @@ def tune_run(
         index = entry["pattern_index"]
         pattern = tuned_pattern(plan["patterns"][index])
         name = entry["config"].get("name")
-        if pattern.get("family") not in GEMM_FAMILIES:
+        if pattern.get("family") not in TUNED_FAMILIES:
             best.setdefault(index, []).append(
                 {
                     "time_us": None,
