@@ -29,8 +29,15 @@ from torch import nn
 
 import fact
 from fact.compose import report as report_mod
-from fact.compose.impls import GemmImpl, Impl, RmsNormLibrary, library_impls, run_gemm_pattern
-from fact.compose.ops import GemmKernel, kernel_entry, register_kernel
+from fact.compose.impls import (
+    AttentionImpl,
+    GemmImpl,
+    Impl,
+    RmsNormLibrary,
+    library_impls,
+    run_gemm_pattern,
+)
+from fact.compose.ops import AttentionKernel, GemmKernel, kernel_entry, register_kernel
 from fact.compose.optimize import (
     OptimizedModule,
     Progress,
@@ -1094,3 +1101,390 @@ def test_gated_mlp_runs_as_up_projection_plus_a_fused_gate_gemm(engine_available
     assert len(calls(gm, aten.linear.default)) == 1  # only the up projection stays PyTorch's
     y = torch.randn_like(x)
     assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# 13. Generated attention: fact::attention and AttentionImpl (reference backend on CPU)
+
+ATTENTION_OP = torch.ops.fact.attention.default
+
+
+class HandWrittenAttention(nn.Module):
+    """MiniGPT's causal self-attention, small: Q, K, V split from one c_attn projection, a tril
+    buffer as the mask, dropout (p = 0 unless given), heads merged back by
+    transpose(1, 2).contiguous().view(...)."""
+
+    def __init__(self, width: int = 64, heads: int = 4, seq: int = 32, p: float = 0.0):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+        self.attn_dropout = nn.Dropout(p)
+        self.register_buffer("bias", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class GqaAttention(nn.Module):
+    """Llama's attention, small (4 query heads, 2 key/value heads): sdpa=True calls SDPA with
+    enable_gqa (dropout_p while training, when given); sdpa=False writes it out with repeat_kv
+    (expand + reshape), an additive causal mask and an fp32 softmax."""
+
+    def __init__(self, width=64, heads=4, kv_heads=2, sdpa=True, p=0.0):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, width // heads
+        self.sdpa, self.p = sdpa, p
+        self.wq = nn.Linear(width, heads * self.hd, bias=False)
+        self.wk = nn.Linear(width, kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(width, kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(heads * self.hd, width, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.hd).transpose(1, 2)
+        k = self.wk(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.wv(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
+        if self.sdpa:
+            p = self.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=p, is_causal=True, enable_gqa=True
+            )
+        else:
+            rep = self.heads // self.kv_heads
+            k = k[:, :, None].expand(b, self.kv_heads, rep, s, self.hd).reshape(b, -1, s, self.hd)
+            v = v[:, :, None].expand(b, self.kv_heads, rep, s, self.hd).reshape(b, -1, s, self.hd)
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd)
+            mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
+            probs = F.softmax((scores + mask).float(), dim=-1).type_as(q)
+            y = torch.matmul(probs, v)
+        return self.wo(y.transpose(1, 2).contiguous().view(b, s, -1))
+
+
+ATTENTION_MODULES = {
+    "hand_written_causal": lambda: HandWrittenAttention(),
+    "sdpa_gqa": lambda: GqaAttention(sdpa=True),
+    "hand_written_repeat_kv": lambda: GqaAttention(sdpa=False),
+}
+
+
+def attention_twins(index: int, pattern: dict) -> list[Impl]:
+    """The PyTorch twin of a generated attention kernel for every attention pattern."""
+    if pattern["family"] != "attention":
+        return []
+    return [AttentionImpl(pattern, "reference", label="ref")]
+
+
+def node_values(gm: fx.GraphModule, inputs) -> dict:
+    """Every node's value in one run of the graph."""
+    values = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n):
+            values[n] = super().run_node(n)
+            return values[n]
+
+    with torch.no_grad():
+        Recorder(gm).run(*inputs)
+    return values
+
+
+class StubAttentionLibrary:
+    """Stands in for a loaded attention kernel library (no .so, no GPU): what AttentionImpl
+    and fact::attention read of one, can_implement answering `status`."""
+
+    family = "attention"
+
+    def __init__(self, name="fmha_stub", causal=True, dtype="bf16", head_dim=128, status=0):
+        self.path = Path(f"/nonexistent/{name}.so")
+        self.name = name
+        self.info = {"family": "attention", "dtype": dtype, "causal": causal,
+                     "head_dim": head_dim, "config": {"name": name}}  # fmt: skip
+        self.status = status
+        self.asked = []
+
+    def attention_can_implement(self, args):
+        self.asked.append(args)
+        return self.status
+
+    def last_error(self):
+        return "head_dim must be a multiple of 16 bytes and at most 128"
+
+
+def test_fact_attention_reference_op_layout_gqa_and_opcheck():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    handle = register_kernel(AttentionKernel(True, 0.3, torch.float32, "reference", label="r"))
+    handle_bf16 = register_kernel(AttentionKernel(True, 0.3, torch.bfloat16, "reference"))
+    torch.manual_seed(30)
+    b, s, h, hkv, d = 2, 24, 4, 2, 16
+    qkv = torch.randn(b, s, h + 2 * hkv, d)  # a fused QKV projection, viewed per head in place
+    q = qkv[:, :, :h].transpose(1, 2)
+    k = qkv[:, :, h : h + hkv].transpose(1, 2)
+    v = qkv[:, :, h + hkv :].transpose(1, 2)
+    out = torch.ops.fact.attention(q, k, v, handle)
+    assert out.shape == (b, h, s, d) and out.dtype == torch.float32
+    assert out.stride() == (s * h * d, d, h * d, 1)  # (B, S, H, D)-contiguous, seen as BHSD
+    assert out.transpose(1, 2).is_contiguous()  # the model's .contiguous() after it is free
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # query head h reads K/V head h // 2 (repeat_interleave), as the kernels do
+    rep = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True, scale=0.3
+    )
+    torch.testing.assert_close(out, rep, rtol=1e-5, atol=1e-5)
+    # top-left causal with fewer queries than keys, as PyTorch's is_causal
+    q_short = q[:, :, :10]
+    expected = F.scaled_dot_product_attention(
+        q_short, k, v, is_causal=True, scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(torch.ops.fact.attention(q_short, k, v, handle), expected)
+    # a head dim that is not contiguous is made so
+    q_t = torch.randn(b, h, d, s).transpose(-1, -2)
+    assert q_t.stride(-1) != 1
+    expected = F.scaled_dot_product_attention(q_t, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(torch.ops.fact.attention(q_t, k, v, handle), expected)
+    out_bf16 = torch.ops.fact.attention(q, k, v, handle_bf16)
+    assert out_bf16.dtype == torch.bfloat16 and out_bf16.stride() == out.stride()
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = mode.from_tensor(q), mode.from_tensor(k), mode.from_tensor(v)
+        fake = torch.ops.fact.attention(fq, fk, fv, handle)
+        fake_bf16 = torch.ops.fact.attention(fq, fk, fv, handle_bf16)
+    assert (fake.shape, fake.stride(), fake.dtype) == (out.shape, out.stride(), out.dtype)
+    assert (fake_bf16.dtype, fake_bf16.stride()) == (torch.bfloat16, out.stride())
+    for args in [(q, k, v, handle), (q.contiguous(), k, v, handle_bf16), (q_t, k, v, handle)]:
+        result = torch.library.opcheck(ATTENTION_OP, args)
+        assert set(result.values()) == {"SUCCESS"}, result
+
+    with pytest.raises(FactError, match=r"fact::attention r: k and v must both be"):
+        torch.ops.fact.attention(q, k, v[:, :, :5], handle)
+    with pytest.raises(FactError, match="4 query heads are not a multiple of 3"):
+        torch.ops.fact.attention(q, torch.randn(b, 3, s, d), torch.randn(b, 3, s, d), handle)
+    with pytest.raises(FactError, match="must be 4-D"):
+        torch.ops.fact.attention(q[0], k[0], v[0], handle)
+    gemm_handle = register_kernel(GemmKernel(gemm_spec(BIAS_RELU), "reference"))
+    with pytest.raises(FactError, match="is not an attention kernel"):
+        torch.ops.fact.attention(q, k, v, gemm_handle)
+
+
+def test_fact_attention_cutlass_entry_checks_and_refusals(monkeypatch):
+    """The generated-kernel path without a GPU: wrong dtype/device, and can_implement refusing,
+    are FactErrors naming the kernel."""
+    pytest.importorskip("fact.tune.attention")
+    import fact.compose.ops as ops_mod
+
+    lib = StubAttentionLibrary(status=1)  # FACT_NOT_SUPPORTED
+    handle = register_kernel(AttentionKernel(True, 0.25, torch.bfloat16, "cutlass", lib, "fmha_a"))
+    q, k, v = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    with pytest.raises(FactError, match=r"fact::attention fmha_a: q is torch.float32 on cpu, the "
+                       r"kernel reads torch.bfloat16 on CUDA"):  # fmt: skip
+        torch.ops.fact.attention(q, k, v, handle)
+    # past the device check (no GPU here): the kernel's refusal, with its own message
+    monkeypatch.setattr(ops_mod, "_check_dtypes", lambda label, pairs: None)
+    monkeypatch.setattr(ops_mod, "_sm_count", lambda device: 132)
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    with pytest.raises(FactError, match=r"fact::attention fmha_a: the kernel cannot run q "
+                       r"\(1, 4, 8, 16\).*head_dim must be a multiple"):  # fmt: skip
+        torch.ops.fact.attention(qb, kb, vb, handle)
+    (args,) = lib.asked  # what the kernel was asked: GQA sizes, the output in (B, S, H, D)
+    assert (args.batch, args.heads, args.kv_heads, args.seq_q, args.seq_k, args.head_dim) == (
+        1, 4, 2, 8, 8, 16)  # fmt: skip
+    assert (args.o_stride_b, args.o_stride_h, args.o_stride_s) == (8 * 4 * 16, 16, 4 * 16)
+    assert (args.k_stride_h, args.sm_count) == (8 * 16, 132)
+    assert args.scale == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("form", list(ATTENTION_MODULES))
+def test_attention_patterns_run_as_fact_attention(engine_available, tmp_path, monkeypatch, form):
+    """Each attention form with the generated kernel's reference twin: one fact::attention in
+    the graph reading Q, K and V in place (un-repeated K/V for grouped-query attention), the
+    heads merged without a copy, the same function as eager."""
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(31)
+    model, x = ATTENTION_MODULES[form]().eval(), torch.randn(2, 32, 64)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    rule = "attention_sdpa" if form == "sdpa_gqa" else "attention_handwritten"
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    assert plan["patterns"][att["index"]]["rule"] == rule
+    assert (att["chosen"], att["kind"]) == ("reference:ref", "generated"), att
+    assert att["error"] <= 1e-5
+    gm = opt.graph_module
+    (node,) = calls(gm, ATTENTION_OP)
+    assert not (targets(gm) & (SOFTMAXES | {SDPA, aten.matmul.default}))
+    assert not (targets(gm) & {aten.expand.default, aten.repeat_interleave.self_int})
+    kv_heads = 4 if form == "hand_written_causal" else 2
+    values = node_values(gm, opt._program.state_inputs() + [x])
+    q, k, v = (values[a] for a in node.args[:3])
+    assert q.shape == (2, 4, 32, 16) and k.shape == v.shape == (2, kv_heads, 32, 16)
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    out = values[node]
+    assert out.shape == (2, 4, 32, 16) and out.stride() == (32 * 4 * 16, 16, 4 * 16, 1)
+    # what merges the heads afterwards (transpose, contiguous, view) reuses the buffer
+    merge = {aten.transpose.int, aten.contiguous.default, aten.view.default}
+    tail, cur = [], node
+    while len(cur.users) == 1 and next(iter(cur.users)).target in merge:
+        cur = next(iter(cur.users))
+        tail.append(cur.target)
+    assert aten.transpose.int in tail and aten.view.default in tail, tail
+    assert values[cur].shape == (2, 32, 64) and values[cur].data_ptr() == out.data_ptr()
+    for seed in (1, 2):
+        (y,) = fresh_inputs([x], seed)
+        assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_attention_twin_and_library_sdpa_are_both_checked(engine_available, tmp_path):
+    """Without a thumb on the scale: the generated twin and PyTorch's SDPA are both verified
+    against the hand-written subgraph (even with repeat_kv and an fp32 softmax, whose
+    metadata assertion sits inside the pattern); the faster one runs."""
+    torch.manual_seed(32)
+    model, x = GqaAttention(sdpa=False).eval(), torch.randn(2, 32, 64)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    assert [c["impl"] for c in att["candidates"]] == ["reference:ref", "sdpa"]
+    assert all(c["ok"] and c["error"] <= 1e-5 for c in att["candidates"]), att["candidates"]
+    assert att["chosen"] in ("reference:ref", "sdpa")
+    assert len(calls(opt.graph_module, ATTENTION_OP) + calls(opt.graph_module, SDPA)) == 1
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_sdpa_pattern_has_no_library_twin_but_a_generated_one(engine_available):
+    torch.manual_seed(33)
+    model, x = GqaAttention(sdpa=True).eval(), torch.randn(2, 32, 64)
+    plan = fact.discover(model, [x])
+    (pattern,) = [p for p in plan["patterns"] if p["family"] == "attention"]
+    assert pattern["rule"] == "attention_sdpa" and pattern["problem"]["kv_heads"] == 2
+    assert library_impls(pattern) == []  # the pattern's own op is the PyTorch baseline
+    impl = AttentionImpl(pattern, "reference")
+    assert impl.name == "reference:attention" and impl.kind == "generated"
+    assert impl.detail["causal"] is True and impl.detail["scale"] == pytest.approx(0.25)
+
+
+def test_training_mode_dropout_keeps_pytorch_with_a_reason(engine_available):
+    """The plan of the module in eval mode, checked on its graph in training mode (active
+    dropout): the generated twin and SDPA both refuse, and the decision says why."""
+    from fact.compose.optimize import choose
+
+    torch.manual_seed(34)
+    model, x = HandWrittenAttention(p=0.1), torch.randn(2, 32, 64)
+    plan = fact.discover(model.eval(), [x])
+    index, pattern = next(
+        (i, p) for i, p in enumerate(plan["patterns"]) if p["family"] == "attention"
+    )
+    assert "dropout" in pattern["nodes"]  # identity in eval mode, part of the pattern
+    program = Program(model, torch.export.export(model, (x,), strict=False))
+    trained = torch.export.export(model.train(), (x,), strict=False)  # Program refuses this
+    (drop,) = [n for n in trained.graph_module.graph.nodes if n.target is aten.dropout.default]
+    assert drop.args[1:] == (0.1, True)
+    program.graph_module = trained.graph_module
+    values = program.capture(program.inputs([x]))
+    impls = {index: [AttentionImpl(pattern, "reference", label="ref"), *library_impls(pattern)]}
+    (d,) = [
+        d
+        for d in choose(
+            program, plan, impls, values, torch.device("cpu"), 1e-5, False, Progress(quiet=True)
+        )
+        if d["index"] == index
+    ]
+    assert d["chosen"] == "pytorch"
+    assert [c["impl"] for c in d["candidates"]] == ["reference:ref", "sdpa"]
+    for c in d["candidates"]:
+        assert not c["ok"]
+        assert c["message"] == "NotSupportedError: dropout is an active dropout (training mode)"
+    assert d["reason"].startswith("kept PyTorch (reference:ref: NotSupportedError: dropout is")
+
+
+def test_optimize_refuses_sdpa_dropout_in_training_mode(engine_available, tmp_path):
+    model = GqaAttention(sdpa=True, p=0.1).train()
+    with pytest.raises(FactError, match=r"draws random numbers .*scaled_dot_product_attention"):
+        fact.optimize(model, [torch.randn(2, 32, 64)], quiet=True, run_dir=tmp_path / "r")
+
+
+def attention_pattern(**attrs) -> dict:
+    """A plan attention pattern (as `fact discover` writes one), attrs overridden."""
+    return {
+        "family": "attention",
+        "rule": "attention_sdpa",
+        "epilogue": ["scale", "causal_mask", "softmax"],
+        "problem": {
+            "batch": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "seq_q": 32,
+            "seq_k": 32,
+            "head_dim": 64,
+            "head_dim_v": 64,
+        },
+        "attrs": {"causal": True, "scale": 0.125, "dtype": "bf16", "out_dtype": "bf16", **attrs},
+        "signature": "attention[scale+causal_mask+softmax]:bf16:causal",
+    }
+
+
+def test_attention_impl_refusals():
+    pattern = attention_pattern()
+    AttentionImpl(pattern, "cutlass", StubAttentionLibrary(), label="fmha_ok")
+    cases = [
+        (dict(pattern, epilogue=["scale", "mask_add", "softmax"]), "reference", None,
+         r"attention steps \['mask_add'\]"),
+        (dict(pattern, problem=dict(pattern["problem"], head_dim_v=32)), "reference", None,
+         "head_dim 64 differs from head_dim_v 32"),
+        (dict(pattern, family="gemm"), "reference", None, "gemm is not attention"),
+        (pattern, "cutlass", StubAttentionLibrary(causal=False), "is not causal; the pattern is"),
+        (pattern, "cutlass", StubAttentionLibrary(dtype="f16"), "reads and writes f16"),
+        (attention_pattern(out_dtype="f32"), "cutlass", StubAttentionLibrary(), "writes f32"),
+        (pattern, "cutlass", StubAttentionLibrary(head_dim=32), "head_dim up to 32, not 64"),
+    ]  # fmt: skip
+    for case, backend, lib, message in cases:
+        with pytest.raises(NotSupportedError, match=message):
+            AttentionImpl(case, backend, lib, label="fmha")
+
+
+def test_generated_impl_makes_attention_libraries_attention_impls(monkeypatch, tmp_path):
+    import fact.tune.abi as abi_mod
+    from fact.compose.optimize import generated_impl
+
+    libs = {"good.so": StubAttentionLibrary("fmha_good"),
+            "acausal.so": StubAttentionLibrary("fmha_acausal", causal=False)}  # fmt: skip
+    monkeypatch.setattr(abi_mod, "KernelLibrary", lambda path: libs[Path(path).name])
+    impl = generated_impl(attention_pattern(), str(tmp_path / "good.so"), {})
+    assert isinstance(impl, AttentionImpl)
+    assert (impl.name, impl.kind, impl.library_path) == (
+        "cutlass:fmha_good", "generated", str(tmp_path / "good.so"))  # fmt: skip
+    entry = kernel_entry(impl.handle)
+    assert (entry.backend, entry.causal, entry.scale, entry.out_dtype) == (
+        "cutlass", True, 0.125, torch.bfloat16)  # fmt: skip
+    with pytest.raises(NotSupportedError, match="fmha_acausal is not causal"):
+        generated_impl(attention_pattern(), str(tmp_path / "acausal.so"), {})
+
+
+def test_tuned_attention_rows_feed_choose_like_gemm_rows():
+    from fact.compose.optimize import _generated_rows, _no_impl_reason
+
+    def row(name, time_us):
+        return {"kernel": name, "library": f"/k/{name}.so", "time_us": time_us}
+
+    timed = [row("a", 10.0), row("b", 12.0), row("c", 15.0), {"kernel": "pytorch", "time_us": 9}]
+    for family in ("attention", "gemm"):
+        picked = _generated_rows({"family": family}, timed)
+        assert [r["kernel"] for r in picked] == ["a", "b"]  # the tuner's top two
+    untimed = [row("a", None), row("b", None), row("c", None)]
+    assert len(_generated_rows({"family": "attention"}, untimed)) == 3  # all, checked in context
+    assert len(_generated_rows({"family": "norm"}, timed)) == 3
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert _no_impl_reason({"family": "attention"}, cpu).startswith("no GPU")
+    assert _no_impl_reason({"family": "attention"}, gpu) == "no usable generated attention kernel"

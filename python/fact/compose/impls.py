@@ -2,6 +2,8 @@
 
   GemmImpl          a generated CUTLASS kernel (or its PyTorch reference twin, for CPU tests)
                     through fact::gemm; operands are viewed into the kernel's layouts here
+  AttentionImpl     a generated fused attention kernel (CUTLASS FMHA) or its reference twin,
+                    through fact::attention, for hand-written attention and SDPA calls alike
   SdpaAttention     PyTorch's fused scaled_dot_product_attention, a library kernel, for
                     hand-written attention (Q, K, V read in place from the graph's views)
   RmsNormLibrary    PyTorch's rms_norm for a hand-written RMSNorm
@@ -20,7 +22,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fact.compose.ops import GemmKernel, NormKernel, kernel_entry, register_kernel
+from fact.compose.ops import (
+    AttentionKernel,
+    GemmKernel,
+    NormKernel,
+    kernel_entry,
+    register_kernel,
+)
 from fact.compose.program import Region
 from fact.errors import FactError
 from fact.tune.reference import GemmSpec, NotSupportedError, gemm_spec, torch_dtype
@@ -254,6 +262,9 @@ class GatedGemmImpl(GemmImpl):
 # Attention
 
 _ATTENTION_STEPS = {"scale", "causal_mask", "softmax", "dropout"}
+_SDPA = aten.scaled_dot_product_attention.default
+_RESHAPES = {aten.reshape.default, aten.view.default, aten._unsafe_view.default}
+_SCALES = {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar}
 
 
 def _is_eval_dropout(n: fx.Node) -> bool:
@@ -264,49 +275,264 @@ def _is_eval_dropout(n: fx.Node) -> bool:
     return p == 0 or train is False
 
 
+def _arg(n: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """An argument of a call node, given by position or by name."""
+    if len(n.args) > index:
+        return n.args[index]
+    return n.kwargs.get(name, default)
+
+
+def _shape(n: Any) -> tuple[int, ...] | None:
+    val = n.meta.get("val") if isinstance(n, fx.Node) else None
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+def _dims(n: fx.Node, *dims: Any) -> set[int] | None:
+    """The node's integer dim arguments, normalized to its input's rank."""
+    shape = _shape(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
+    if shape is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return {d % len(shape) for d in dims}
+
+
+def _through_full_slices(reg: Region, n: Any) -> Any:
+    """Step back over region slices that keep a whole dim (x[:, :, None] may trace so)."""
+    while isinstance(n, fx.Node) and n in reg.nodes and n.target is aten.slice.Tensor:
+        src = n.args[0]
+        if _shape(src) is None or _shape(src) != _shape(n):
+            break
+        n = src
+    return n
+
+
+def _in(reg: Region, n: Any) -> bool:
+    return isinstance(n, fx.Node) and n in reg.nodes
+
+
+def _unrepeated(reg: Region, kv: fx.Node) -> fx.Node:
+    """K or V as the region reads it before GQA's repeat: repeat_kv's
+    x[:, :, None].expand(b, hkv, n, s, d).reshape(b, hkv * n, s, d), or
+    x.repeat_interleave(n, dim=1), inside the region, give x (query head h reads head h // n, as
+    the kernel does), so nothing is copied; any other K/V is returned as it is."""
+    node = _through_full_slices(reg, kv)
+    if not _in(reg, node):
+        return kv
+    src: Any = None
+    if node.target is aten.repeat_interleave.self_int:
+        src = node.args[0]
+        dim = _arg(node, 2, "dim")
+        if not isinstance(dim, int) or _dims(node, dim) != {1}:
+            return kv
+    elif node.target in _RESHAPES:
+        exp = _through_full_slices(reg, node.args[0])
+        if not (_in(reg, exp) and exp.target is aten.expand.default):
+            return kv
+        uns = _through_full_slices(reg, exp.args[0])
+        # the new dim right after the heads: [b, hkv, 1, s, d]
+        if not (_in(reg, uns) and uns.target is aten.unsqueeze.default and uns.args[1] in (2, -3)):
+            return kv
+        src = _through_full_slices(reg, uns.args[0])
+        inner, wide = _shape(src), _shape(exp)
+        if inner is None or wide is None or len(inner) != 4 or len(wide) != 5:
+            return kv
+        b, hkv, s, d = inner
+        if wide[:2] != (b, hkv) or wide[3:] != (s, d):
+            return kv
+    else:
+        return kv
+    inner, outer = _shape(src), _shape(kv)
+    if inner is None or outer is None or len(inner) != 4 or len(outer) != 4:
+        return kv
+    if (inner[0], inner[2], inner[3]) != (outer[0], outer[2], outer[3]) or outer[1] % inner[1]:
+        return kv
+    return src
+
+
+def _unrepeated_pair(reg: Region, k: fx.Node, v: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """K and V both read before their repeat, or both as they are."""
+    k0, v0 = _unrepeated(reg, k), _unrepeated(reg, v)
+    if _shape(k0) is not None and _shape(k0) == _shape(v0):
+        return k0, v0
+    return k, v
+
+
+def _untransposed(graph: fx.Graph, reg: Region, k_t: fx.Node) -> fx.Node:
+    """K from the K^T the scores read: the transpose's input where the region transposes the
+    last two dims, a new transpose view otherwise."""
+    if (
+        k_t in reg.nodes
+        and k_t.target is aten.transpose.int
+        and len(_shape(k_t) or ()) >= 2
+        and _dims(k_t, k_t.args[1], k_t.args[2]) == {len(_shape(k_t)) - 2, len(_shape(k_t)) - 1}
+    ):
+        return k_t.args[0]
+    return graph.call_function(aten.transpose.int, (k_t, -2, -1))
+
+
+@dataclass
+class AttentionIO:
+    """Where a pattern's attention reads Q, K and V, and the region node whose value is its
+    result [B, H, S, Dv] (the P @ V matmul, or the scaled_dot_product_attention call)."""
+
+    q: fx.Node
+    k: fx.Node  # K [B, Hk, Sk, D] (not K^T); Hk < H only where GQA is read without a repeat
+    v: fx.Node
+    value: fx.Node
+    enable_gqa: bool = False
+
+
+def attention_io(
+    graph: fx.Graph, reg: Region, pattern: Mapping[str, Any], unrepeat: bool
+) -> AttentionIO:
+    """Q, K and V of an attention pattern of either rule, as graph nodes (views of the graph's
+    own tensors: nothing is copied). With `unrepeat`, K and V repeated for grouped-query
+    attention inside the region are read before the repeat. NotSupportedError for what a fused
+    forward kernel does not compute: active dropout, a mask the plan did not find causal."""
+    attrs = pattern.get("attrs") or {}
+    for n in reg.nodes:
+        if n.target is aten.dropout.default and not _is_eval_dropout(n):
+            raise NotSupportedError(f"{n.name} is an active dropout (training mode)")
+    calls = [n for n in reg.nodes if n.target is _SDPA]
+    if pattern.get("rule") == "attention_sdpa" or calls:
+        if len(calls) != 1:
+            raise NotSupportedError(f"attention with {len(calls)} scaled_dot_product_attention")
+        (node,) = calls
+        q, k, v = node.args[:3]
+        p = _arg(node, 4, "dropout_p", 0.0)
+        if p:
+            raise NotSupportedError(f"{node.name} has dropout_p={p} (training mode)")
+        if _arg(node, 3, "attn_mask") is not None and not attrs.get("causal"):
+            raise NotSupportedError(f"{node.name} has an attn_mask that is not a causal mask")
+        gqa = bool(node.kwargs.get("enable_gqa", False))
+        qs, ks = _shape(q), _shape(k)
+        if qs is None or ks is None or len(qs) != 4 or len(ks) != 4:
+            raise NotSupportedError(f"{node.name}: q or k is not [batch, heads, seq, dim]")
+        if ks[0] != qs[0] or (ks[1] != qs[1] and not gqa):
+            raise NotSupportedError(f"{node.name} broadcasts k {list(ks)} to q {list(qs)}")
+        if unrepeat:
+            k, v = _unrepeated_pair(reg, k, v)
+        return AttentionIO(q, k, v, node, gqa)
+    mms = [n for n in reg.nodes if n.target in _MATMUL]
+    if len(mms) != 2:
+        raise NotSupportedError(f"attention with {len(mms)} matmuls")
+    scores, out = mms
+    q, k_t, v = scores.args[0], scores.args[1], out.args[1]
+    # a scale applied to Q before the product is part of the plan's scale
+    if (
+        q in reg.nodes
+        and q.target in _SCALES
+        and len(q.args) == 2
+        and isinstance(q.args[1], (int, float))
+    ):
+        q = q.args[0]
+    k = _untransposed(graph, reg, k_t)
+    if unrepeat:
+        k, v = _unrepeated_pair(reg, k, v)
+    return AttentionIO(q, k, v, out)
+
+
+def copy_tail(graph: fx.Graph, reg: Region, value: fx.Node, new: fx.Node) -> fx.Node:
+    """What the pattern does with the attention's value (transpose back, merge heads) copied
+    after `new`, which replaces `value`; returns the copy of the region's output."""
+    env = {value: new}
+    last = new
+    for n in reg.nodes[reg.nodes.index(value) + 1 :]:
+        if all(a in env or a not in reg.nodes for a in n.all_input_nodes) and any(
+            a in env for a in n.all_input_nodes
+        ):
+            last = env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+    if reg.output not in env:
+        raise NotSupportedError("the attention output is not computed from its result")
+    return last
+
+
+def _attention_steps(pattern: Mapping[str, Any]) -> None:
+    steps = set(pattern.get("epilogue") or [])
+    if pattern.get("family") != "attention":
+        raise NotSupportedError(f"{pattern.get('family')} is not attention")
+    if not steps <= _ATTENTION_STEPS:
+        raise NotSupportedError(f"attention steps {sorted(steps - _ATTENTION_STEPS)}")
+
+
 class SdpaAttention(Impl):
     """Hand-written attention (matmul, scale, causal mask, softmax, matmul) as one call of
     torch's scaled_dot_product_attention on the graph's own Q, K, V views."""
 
     def __init__(self, pattern: Mapping[str, Any]):
-        steps = set(pattern.get("epilogue") or [])
         if pattern.get("rule") == "attention_sdpa":
             raise NotSupportedError("the pattern already is scaled_dot_product_attention")
-        if not steps <= _ATTENTION_STEPS:
-            raise NotSupportedError(f"attention steps {sorted(steps - _ATTENTION_STEPS)}")
+        _attention_steps(pattern)
         attrs = pattern.get("attrs") or {}
         self.causal = bool(attrs.get("causal"))
         self.scale = float(attrs.get("scale", 0.0)) or None
         super().__init__("sdpa", "library", {"causal": self.causal, "scale": self.scale})
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
-        mms = [n for n in reg.nodes if n.target in _MATMUL]
-        if len(mms) != 2:
-            raise NotSupportedError(f"attention with {len(mms)} matmuls")
-        scores, out = mms
-        for n in reg.nodes:
-            if n.target is aten.dropout.default and not _is_eval_dropout(n):
-                raise NotSupportedError(f"{n.name} is an active dropout (training mode)")
-        q, k_t = scores.args[0], scores.args[1]
-        v = out.args[1]
-        k = graph.call_function(aten.transpose.int, (k_t, -2, -1))
+        io = attention_io(graph, reg, pattern, unrepeat=False)
         attn = graph.call_function(
-            aten.scaled_dot_product_attention.default,
-            (q, k, v),
-            {"is_causal": self.causal, "scale": self.scale},
+            _SDPA, (io.q, io.k, io.v), {"is_causal": self.causal, "scale": self.scale}
         )
-        # what the pattern does after the second matmul (transpose back, merge heads) stays
-        env = {out: attn}
-        last = attn
-        after = reg.nodes[reg.nodes.index(out) + 1 :]
-        for n in after:
-            if all(a in env or a not in reg.nodes for a in n.all_input_nodes) and any(
-                a in env for a in n.all_input_nodes
-            ):
-                last = env[n] = graph.node_copy(n, lambda a: env.get(a, a))
-        if reg.output not in env:
-            raise NotSupportedError("the attention output is not computed from its last matmul")
-        return last
+        return copy_tail(graph, reg, io.value, attn)
+
+
+class AttentionImpl(Impl):
+    """A generated fused attention kernel (backend cutlass: CUTLASS's Hopper FMHA built by
+    realize) or its PyTorch twin (backend reference), through fact::attention, for both
+    attention rules. Q, K and V are read in place from the graph's views; grouped-query K/V
+    repeated in the region (repeat_kv) are read un-repeated; the output is written in
+    (batch, seq, heads, dim) order, so merging the heads afterwards copies nothing."""
+
+    def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
+        _attention_steps(pattern)
+        problem = pattern.get("problem") or {}
+        attrs = pattern.get("attrs") or {}
+        d = int(problem.get("head_dim", 0))
+        dv = int(problem.get("head_dim_v", d))
+        if d != dv:
+            raise NotSupportedError(f"head_dim {d} differs from head_dim_v {dv}")
+        causal = bool(attrs.get("causal"))
+        scale = float(attrs.get("scale") or 0.0) or (d**-0.5 if d else 1.0)
+        dtype = attrs.get("dtype", "f32")
+        out_dtype = torch_dtype(attrs.get("out_dtype") or dtype)
+        if backend == "cutlass":
+            info = library.info if library is not None else {}
+            name = label or (library.name if library is not None else "attention")
+            if info.get("family", "attention") != "attention":
+                raise NotSupportedError(f"{name} is a {info.get('family')} kernel")
+            if bool(info.get("causal")) != causal:
+                raise NotSupportedError(
+                    f"{name} is {'' if info.get('causal') else 'not '}causal; the pattern is "
+                    f"{'' if causal else 'not '}causal"
+                )
+            if info.get("dtype") != dtype or torch_dtype(info.get("dtype", dtype)) != out_dtype:
+                raise NotSupportedError(
+                    f"{name} reads and writes {info.get('dtype')}; the pattern reads {dtype} and "
+                    f"writes {attrs.get('out_dtype') or dtype}"
+                )
+            if info.get("head_dim") and d > int(info["head_dim"]):
+                raise NotSupportedError(
+                    f"{name} handles head_dim up to {info['head_dim']}, not {d}"
+                )
+        entry = AttentionKernel(causal, scale, out_dtype, backend, library, label)
+        self.handle = register_kernel(entry)
+        name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'attention'}"
+        super().__init__(name, "generated", {"backend": backend, "causal": causal, "scale": scale})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        io = attention_io(graph, reg, pattern, unrepeat=True)
+        shapes = [_shape(t) for t in (io.q, io.k, io.v)]
+        if any(s is not None and len(s) != 4 for s in shapes):
+            raise NotSupportedError(f"q, k, v shaped {shapes}, not [batch, heads, seq, dim]")
+        val = io.value.meta.get("val")
+        entry = kernel_entry(self.handle)
+        if isinstance(val, torch.Tensor) and val.dtype != entry.out_dtype:
+            raise NotSupportedError(
+                f"the attention value is {val.dtype}, the kernel writes {entry.out_dtype}"
+            )
+        attn = graph.call_function(
+            torch.ops.fact.attention.default, (io.q, io.k, io.v, self.handle)
+        )
+        return copy_tail(graph, reg, io.value, attn)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,19 +1,22 @@
-"""`fact::gemm` and `fact::norm`, the torch custom ops through which a composed module calls
-generated kernels.
+"""`fact::gemm`, `fact::norm` and `fact::attention`, the torch custom ops through which a composed
+module calls generated kernels.
 
 The op is registered with torch.library, so the composed module traces under torch.compile and
 records into CUDA graphs: it allocates its output (and any workspace) from PyTorch's caching
 allocator and launches on PyTorch's current stream through the kernel's C ABI
-(engine/realize/abi/fact_gemm_abi.h).
+(engine/realize/abi/fact_gemm_abi.h; fact_norm_abi.h and fact_attention_abi.h for the other
+families).
 
 A kernel is named in the graph by an integer handle into this process's kernel table; the entry
 holds the loaded library, the pattern's GEMM spec (layouts, epilogue operands) and the launch
 knobs tuning picked. Entries with backend "reference" compute the same function with PyTorch ops
-(matmul, then the epilogue expression): the composer's tests use them where there is no GPU.
+(matmul, then the epilogue expression; the attention math): the composer's tests use them where
+there is no GPU.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,12 +60,26 @@ class NormKernel:
     label: str = ""
 
 
-_TABLE: list[GemmKernel | NormKernel] = []
+@dataclass
+class AttentionKernel:
+    """A fused attention kernel, forward (abi/fact_attention_abi.h: CUTLASS's Hopper FMHA), or
+    its PyTorch twin (backend reference): softmax(scale * Q K^T (+ causal mask)) V."""
+
+    causal: bool  # top-left aligned, as PyTorch's is_causal
+    scale: float
+    out_dtype: torch.dtype
+    backend: str  # cutlass (a generated library) | reference
+    library: KernelLibrary | None = None
+    label: str = ""
+
+
+KernelEntry = GemmKernel | NormKernel | AttentionKernel
+_TABLE: list[KernelEntry] = []
 _LOCK = threading.Lock()
 _SM_COUNT: dict[int, int] = {}
 
 
-def register_kernel(entry: GemmKernel | NormKernel) -> int:
+def register_kernel(entry: KernelEntry) -> int:
     """Add a kernel to the table; returns its handle (the `kernel` argument of fact::gemm)."""
     if entry.backend not in BACKENDS:
         raise FactError(f"kernel backend {entry.backend!r} is not one of {BACKENDS}")
@@ -75,7 +92,7 @@ def register_kernel(entry: GemmKernel | NormKernel) -> int:
 
 def kernel_entry(handle: int) -> Any:
     if not 0 <= handle < len(_TABLE):
-        raise FactError(f"fact::gemm: no kernel with handle {handle} in this process")
+        raise FactError(f"fact kernel table: no kernel with handle {handle} in this process")
     return _TABLE[handle]
 
 
@@ -203,3 +220,103 @@ def norm(
 @norm.register_fake
 def _norm_fake(x, weight, bias, kernel):
     return x.new_empty(x.shape, dtype=kernel_entry(kernel).out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+
+
+def _attention_shapes(label: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q [B, H, S, D], k and v [B, Hkv, Sk, D] with H a multiple of Hkv (grouped-query)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise FactError(
+            f"fact::attention {label}: q, k and v must be 4-D [batch, heads, seq, dim], got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, h, _, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[-1] != d:
+        raise FactError(
+            f"fact::attention {label}: k and v must both be [{b}, kv_heads, seq_k, {d}] for q "
+            f"{tuple(q.shape)}, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    hkv = k.shape[1]
+    if hkv == 0 or h % hkv:
+        raise FactError(f"fact::attention {label}: {h} query heads are not a multiple of {hkv}")
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
+def _attention_out(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, H, S, D] as the transpose of a (B, S, H, D)-contiguous buffer: the model's later
+    transpose(1, 2).contiguous().view(b, s, h * d) is then free."""
+    b, h, s, d = q.shape
+    return q.new_empty((b, s, h, d), dtype=dtype).transpose(1, 2)
+
+
+def _attention_reference(entry: AttentionKernel, q, k, v) -> torch.Tensor:
+    """The same function with PyTorch math, in float32 (or wider), like the kernel's
+    accumulators; the query heads of a group share their K/V head."""
+    compute = torch.promote_types(q.dtype, torch.float32)
+    group = q.shape[1] // k.shape[1]
+    qf = q.to(compute)
+    kf = k.to(compute).repeat_interleave(group, dim=1)
+    vf = v.to(compute).repeat_interleave(group, dim=1)
+    scores = torch.matmul(qf, kf.transpose(-2, -1)) * entry.scale
+    if entry.causal:  # top-left aligned: query s sees keys t <= s
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, -math.inf)
+    return torch.matmul(torch.softmax(scores, dim=-1), vf)
+
+
+def _run_attention(entry: AttentionKernel, q, k, v, out) -> None:
+    lib = entry.library
+    assert lib is not None
+    label = entry.label or lib.name
+    dtype = torch_dtype(lib.info.get("dtype", "bf16"))
+    _check_dtypes(
+        f"fact::attention {label}",
+        [("q", q, dtype), ("k", k, dtype), ("v", v, dtype), ("out", out, dtype)],
+    )
+    from fact.tune.attention import args_for
+
+    args = args_for(q, k, v, out, entry.scale, _sm_count(q.device))
+    status = lib.attention_can_implement(args)
+    if status != Status.OK:
+        raise FactError(
+            f"fact::attention {label}: the kernel cannot run q {tuple(q.shape)} stride "
+            f"{q.stride()}, k {tuple(k.shape)} stride {k.stride()}, v stride {v.stride()}: "
+            f"{lib.last_error()}"
+        )
+    size = lib.attention_workspace_size(args)
+    workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    lib.check(lib.attention_run(args, workspace.data_ptr() if size else None, size, stream))
+
+
+@torch.library.custom_op("fact::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) -> torch.Tensor:
+    """O = softmax(scale * Q K^T (+ causal mask)) V by attention kernel `kernel` of the table.
+
+    q [B, H, S, D]; k, v [B, Hkv, Sk, D] (query head h reads K/V head h // (H // Hkv)); views
+    with any strides, read in place where the last dim is contiguous. Returns O [B, H, S, D]:
+    the transpose(1, 2) view of a new (B, S, H, D)-contiguous tensor.
+    """
+    entry = kernel_entry(kernel)
+    if not isinstance(entry, AttentionKernel):
+        raise FactError(f"fact::attention: kernel {kernel} is not an attention kernel")
+    label = entry.label or (entry.library.name if entry.library is not None else "reference")
+    _attention_shapes(label, q, k, v)
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    out = _attention_out(q, entry.out_dtype)
+    if entry.backend == "reference":
+        out.copy_(_attention_reference(entry, q, k, v))
+    else:
+        _run_attention(entry, q, k, v, out)
+    return out
+
+
+@attention.register_fake
+def _attention_fake(q, k, v, kernel):
+    return _attention_out(q, kernel_entry(kernel).out_dtype)

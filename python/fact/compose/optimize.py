@@ -41,7 +41,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fact import __version__
-from fact.compose.impls import GatedGemmImpl, GemmImpl, Impl, NormImpl, library_impls
+from fact.compose.impls import (
+    AttentionImpl,
+    GatedGemmImpl,
+    GemmImpl,
+    Impl,
+    NormImpl,
+    library_impls,
+)
 from fact.compose.program import Program, replace, subgraph
 from fact.compose.report import json_ready
 from fact.errors import FactError
@@ -428,17 +435,25 @@ def _realize_note(run: Path, index: int, tuned: Sequence[Mapping[str, Any]]) -> 
 
 def _no_impl_reason(pattern: Mapping[str, Any], device: torch.device) -> str:
     family = pattern.get("family")
-    if family in ("gemm", "norm", "gated_mlp") and device.type != "cuda":
+    if family in ("gemm", "norm", "gated_mlp", "attention") and device.type != "cuda":
         return "no GPU: generated kernels cannot run here"
     if family in ("gemm", "gated_mlp"):
         return "no usable generated kernel"
     if family == "attention":
-        return "no attention kernel for this form yet (a CUTLASS FMHA is not emitted yet)"
-    if family == "norm" and device.type != "cuda":
-        return "no GPU: generated kernels cannot run here"
+        return "no usable generated attention kernel"
     if family == "norm":
         return "no usable generated norm kernel"
     return f"{family} kernels are not emitted yet"
+
+
+def _generated_rows(pattern: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list:
+    """The tuned kernels of a pattern worth checking in the module's context: the tuner's top
+    two where it timed them (GEMMs, attention; rows come fastest first), every one where it did
+    not (row norms, and any family tuning leaves untimed), since only the check in context
+    ranks those."""
+    built = [r for r in rows if r.get("library")]
+    timed = pattern.get("family") != "norm" and all(r.get("time_us") for r in built)
+    return built[:2] if timed else built
 
 
 def compose(program: Program, plan: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]]):
@@ -661,12 +676,15 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
 
 
 def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str, Any]) -> Impl:
-    """A generated kernel library as an implementation of its pattern (GEMM or row norm)."""
+    """A generated kernel library as an implementation of its pattern (GEMM, row norm or fused
+    attention). FactError (NotSupportedError) when the kernel does not fit the pattern."""
     from fact.tune.abi import KernelLibrary
 
     lib = KernelLibrary(library)
-    if lib.family == "norm":
-        impl: Impl = NormImpl(pattern, "cutlass", lib, label=lib.name)
+    if lib.family == "attention":
+        impl: Impl = AttentionImpl(pattern, "cutlass", lib, label=lib.name)
+    elif lib.family == "norm":
+        impl = NormImpl(pattern, "cutlass", lib, label=lib.name)
     elif pattern.get("family") == "gated_mlp":
         impl = GatedGemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     else:
@@ -766,14 +784,15 @@ def optimize(
             progress("capturing the module's intermediate values")
             values = program.capture(program.inputs(example))
             options: dict[int, list[Impl]] = {}
+            refused: dict[int, list[str]] = {}
             for index, pattern in enumerate(plan.get("patterns") or []):
                 opts: list[Impl] = []
-                keep = None if pattern.get("family") == "norm" else 2  # the tuner's top two
-                for row in [r for r in tuned.get(index, []) if r.get("library")][:keep]:
+                for row in _generated_rows(pattern, tuned.get(index, [])):
                     try:
                         opts.append(generated_impl(pattern, row["library"], row.get("knobs") or {}))
                     except FactError as exc:
                         progress(f"pattern {index}: {row['kernel']}: {exc}")
+                        refused.setdefault(index, []).append(f"{row['kernel']}: {exc}")
                 if implementations is not None:
                     opts += implementations(index, pattern)
                 opts += library_impls(pattern, device)
@@ -784,6 +803,9 @@ def optimize(
             for d in decisions:
                 rows = tuned.get(d["index"]) or []
                 kernels_note = _realize_note(run, d["index"], rows)
+                if d["index"] in refused:  # built and verified, but unfit for the pattern here
+                    notes = [kernels_note, *refused[d["index"]]]
+                    kernels_note = "; ".join(n for n in notes if n)
                 if kernels_note and d["chosen"] == "pytorch":
                     d["reason"] = f"{d['reason']}; {kernels_note}" if d["reason"] else kernels_note
                 d["tuning"] = [

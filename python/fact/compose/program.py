@@ -88,7 +88,8 @@ class Program:
         return found
 
     def random_nodes(self) -> list[str]:
-        """Nodes whose result is random: dropout in training mode, rand*, bernoulli."""
+        """Nodes whose result is random: dropout in training mode (also an SDPA call's
+        dropout_p), rand*, bernoulli."""
         aten = torch.ops.aten
         found = []
         for n in self.graph_module.graph.nodes:
@@ -98,6 +99,10 @@ class Program:
                 p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
                 train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
                 if train and p:
+                    found.append(n.name)
+            elif n.target is aten.scaled_dot_product_attention.default:
+                p = n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0)
+                if p:
                     found.append(n.name)
             elif isinstance(n.target, torch._ops.OpOverload) and n.target.name().split("::")[
                 -1
@@ -241,7 +246,9 @@ def region(
         raise FactError(f"pattern output {pattern.get('output')!r} is not one of its nodes")
     ordered = [n for n in graph.nodes if n in members]
     escaping = [
-        n.name for n in ordered if n is not output and any(u not in members for u in n.users)
+        n.name
+        for n in ordered
+        if n is not output and any(u not in members and not is_assert(u) for u in n.users)
     ]
     if escaping:
         raise FactError(
@@ -254,6 +261,19 @@ def region(
             if arg not in members and arg not in inputs:
                 inputs.append(arg)
     return Region(ordered, inputs, output, by_name)
+
+
+def is_assert(n: fx.Node) -> bool:
+    """A metadata assertion torch.export leaves beside casts (aten._assert_tensor_metadata on
+    `x.float()`'s input, ...): no value, no users. One on a node inside a pattern does not keep
+    the pattern from being replaced; it goes with the node it checks."""
+    target = n.target
+    return (
+        n.op == "call_function"
+        and not n.users
+        and isinstance(target, torch._ops.OpOverload)
+        and target.name().split("::")[-1].startswith("_assert")
+    )
 
 
 #: emit(graph, region, pattern) -> the node that replaces region.output (created before it)
@@ -277,6 +297,9 @@ def replace(
     if aliases is not None:
         aliases[str(pattern.get("output"))] = new
     for n in reversed(reg.nodes):
+        if n.users and all(is_assert(u) for u in n.users):
+            for u in list(n.users):
+                graph.erase_node(u)
         if not n.users:
             graph.erase_node(n)
     return new
