@@ -17,6 +17,9 @@ namespace {
 // Hopper's shared memory per block, less what the kernel keeps for barriers and the epilogue.
 constexpr int64_t kSmemBudget = 227 * 1024 - 16 * 1024;
 
+// Registry rows of problems farther than this (sum of |log2| size ratios) do not rank configs.
+constexpr double kNearDistance = 2.0;
+
 const std::set<std::string> kSteps = {"scale", "causal_mask", "softmax", "dropout"};
 
 std::string element_type(const std::string& dtype) {
@@ -159,7 +162,9 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   std::set<std::string> taken;
   if (reg) {
     for (const auto& hit : reg->lookup(signature, arch, problem, 64)) {
-      if (hit.row.disposition != "passed") continue;
+      // Only measurements of this problem or a close one (a factor of 4 over all sizes): a
+      // kernel's rank at batch 4 x seq 2048 says little about batch 128 x seq 512.
+      if (hit.row.disposition != "passed" || hit.distance > kNearDistance) continue;
       const std::string name = hit.row.config.value("name", "");
       auto it = std::find_if(kept.begin(), kept.end(), [&](const AttentionConfig& c) { return c.name() == name; });
       if (it == kept.end() || !taken.insert(name).second) continue;

@@ -57,8 +57,9 @@ struct AttentionCandidates {
 };
 
 // The config space for a spec, filtered (shared memory) and ranked: configs the registry has
-// measured for this signature first (fastest first, exact problem before nearest), then the
-// prior order (cooperative first for short sequences, ping-pong first for long ones).
+// measured for this signature first (exact problem, then problems within a factor of 4 over all
+// sizes; fastest first), then the prior order (cooperative first for short sequences, ping-pong
+// first for long ones).
 AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
                                          const nlohmann::json& problem, const std::string& arch, size_t top_n,
                                          const registry::Registry* reg);

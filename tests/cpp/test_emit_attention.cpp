@@ -101,13 +101,26 @@ TEST(EmitAttention, RegistryMeasurementsRankFirst) {
     row.config = {{"name", "q128kv64_coop_s3"}};
     row.disposition = "incorrect";  // never ranked from a failed row
     reg.insert(row);
+    row.disposition = "passed";  // a far problem (Llama's sizes) does not rank configs here
+    row.config = {{"name", "q128kv64_pp_s3"}};
+    row.problem["batch"] = 4;
+    row.problem["seq_q"] = row.problem["seq_k"] = 2048;
+    row.time_us = 10;
+    reg.insert(row);
+    row.config = {{"name", "q128kv64_coop_s5"}};  // a close one does, after the exact one
+    row.problem["batch"] = 8;
+    row.problem["seq_q"] = row.problem["seq_k"] = 512;
+    row.time_us = 300;
+    reg.insert(row);
   }
   const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
   const auto cands = attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 3, &*reg);
   ASSERT_EQ(cands.ranked.size(), 3u);
   EXPECT_EQ(cands.ranked[0].config.name(), "q128kv64_pp_s4");
   EXPECT_NE(cands.ranked[0].why.find("registry: 250.0 us"), std::string::npos) << cands.ranked[0].why;
-  EXPECT_EQ(names(cands)[1], "q128kv128_coop_s5");
+  EXPECT_EQ(names(cands)[1], "q128kv64_coop_s5");  // batch 8 vs 4: nearest
+  EXPECT_NE(cands.ranked[1].why.find("nearest"), std::string::npos) << cands.ranked[1].why;
+  EXPECT_EQ(names(cands)[2], "q128kv128_coop_s5");  // then the prior; the far row is ignored
   std::filesystem::remove_all(dir);
 }
 
