@@ -1,5 +1,6 @@
-"""GEMM benchmarks of shared/BENCHMARKS.md on the GPU machine: FACT's kernels vs eager PyTorch
-(cuBLAS) and torch.compile, side by side in one run.
+"""Kernel benchmarks of shared/BENCHMARKS.md on the GPU machine (GEMMs, and attention through
+bench/realize_attention.sh): FACT's kernels vs eager PyTorch and torch.compile, side by side in
+one run. For attention the tuner's PyTorch candidate is scaled_dot_product_attention.
 
 Takes the run directories that bench/realize_gemm.sh made on the CPU machine (plan, manifest,
 compiled kernels). For each: the tuning harness verifies every kernel on fresh random inputs
@@ -35,6 +36,27 @@ def time_module(fn, inputs, reps: int) -> float:
     )
 
 
+def sdpa_alone(pattern: dict, reps: int) -> dict:
+    """scaled_dot_product_attention by itself on the tuner's inputs: the tuner's PyTorch row
+    also writes the pattern's output layout (the model's transpose(1, 2).contiguous()), which a
+    FACT kernel does in its epilogue; this is the library kernel without that copy."""
+    from fact.tune.attention import AttentionSpec, make_inputs, pytorch_attention
+
+    spec = AttentionSpec.from_pattern(pattern)
+    x = make_inputs(spec, "cuda")
+    with torch.no_grad():
+        t = statistics.median(
+            harness.time_fn(
+                lambda: pytorch_attention(spec, x.q, x.k, x.v),
+                reps=reps,
+                warmup=5,
+                flush=True,
+                device=torch.device("cuda"),
+            )
+        )
+    return {"kernel": "sdpa_alone", "disposition": "timed", "time_us": t}
+
+
 def bench_run(run: Path, reps: int) -> dict:
     plan = json.loads((run / "plan.json").read_text())
     entries, _ = harness.load_manifest(run)
@@ -50,6 +72,8 @@ def bench_run(run: Path, reps: int) -> dict:
         )
         tuned = harness.tune(pattern, mine, precision, None, reps=reps, timeout_s=240)
         rows += [{**r, "pattern_index": index} for r in tuned]
+        if pattern["family"] == "attention":
+            rows.append({**sdpa_alone(pattern, reps), "pattern_index": index})
     # Per pattern: the fastest verified FACT kernel against the unfused PyTorch path.
     patterns = []
     for index, pattern in enumerate(plan["patterns"]):
@@ -57,6 +81,7 @@ def bench_run(run: Path, reps: int) -> dict:
         if not mine:
             continue
         ok = [r for r in mine if r["disposition"] == "passed" and r["kernel"] != "pytorch"]
+        alone = next((r for r in mine if r["kernel"] == "sdpa_alone"), None)
         torch_row = next((r for r in mine if r["kernel"] == "pytorch"), None)
         best_row = min(ok, key=lambda r: r["time_us"]) if ok else None
         patterns.append(
@@ -64,12 +89,13 @@ def bench_run(run: Path, reps: int) -> dict:
                 "index": index,
                 "signature": pattern["signature"],
                 "pytorch_us": torch_row["time_us"] if torch_row else None,
+                "sdpa_alone_us": alone["time_us"] if alone else None,
                 "fact_us": best_row["time_us"] if best_row else None,
                 "kernel": best_row["kernel"] if best_row else None,
                 "knobs": best_row.get("knobs") if best_row else None,
                 "rel_err": best_row["error"] if best_row else None,
                 "dispositions": sorted(
-                    {r["disposition"] for r in mine if r["kernel"] != "pytorch"}
+                    {r["disposition"] for r in mine if r["kernel"] not in ("pytorch", "sdpa_alone")}
                 ),
             }
         )
@@ -128,17 +154,19 @@ def table(results: list[dict]) -> str:
             f"{fact / 1e3:.3f}" if fact else "-",
             f"{r['eager_us'] / fact:.2f}x" if fact else "-",
             f"{r['compile_us'] / fact:.2f}x" if fact else "-",
-            (r["fact_kernel"] or "-").replace("fact_gemm_", ""),
+            (r["fact_kernel"] or "-").replace("fact_gemm_", "").replace("fact_attention_", ""),
             f"{r['fact_rel_err']:.1e}" if r["fact_rel_err"] is not None else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "Per pattern, against the unfused PyTorch path of the same pattern (same process):",
+        "Per pattern, against the unfused PyTorch path of the same pattern (same process; for "
+        "attention: scaled_dot_product_attention writing the pattern's output layout, and "
+        "SDPA alone without that copy):",
         "",
-        "| workload | pattern | PyTorch unfused (us) | FACT (us) | speedup | FACT kernel "
-        "| rel err |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | pattern | PyTorch (us) | SDPA alone (us) | FACT (us) | speedup | "
+        "FACT kernel | rel err |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         for p in r["patterns"]:
@@ -147,9 +175,10 @@ def table(results: list[dict]) -> str:
                 Path(r["source"]).stem,
                 p["signature"],
                 f"{t:.1f}" if t else "-",
+                f"{p['sdpa_alone_us']:.1f}" if p.get("sdpa_alone_us") else "-",
                 f"{f:.1f}" if f else "- (" + ", ".join(p["dispositions"]) + ")",
                 f"{t / f:.2f}x" if t and f else "-",
-                (p["kernel"] or "-").replace("fact_gemm_", ""),
+                (p["kernel"] or "-").replace("fact_gemm_", "").replace("fact_attention_", ""),
                 f"{p['rel_err']:.1e}" if p["rel_err"] is not None else "-",
             ]
             lines.append("| " + " | ".join(cells) + " |")

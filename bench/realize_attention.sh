@@ -4,12 +4,17 @@
 # .device/attention), ready for bench/gemm_bench.py, which verifies and times them against
 # scaled_dot_product_attention and the hand-written eager module in one run. Compiling on the
 # GPU machine (16 cores) takes about a minute and a half.
+# `wait` on each pid: a failed realize fails the script (set -e).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.device/attention}
 candidates=${CANDIDATES:-6}
 fact=${FACT:-.venv/bin/fact}  # a command: "python3 -m fact" on a bare machine
 mkdir -p "$out"
+# Both problems at once: each nvcc is single-threaded, and one problem has fewer kernels than cores.
+pids=()
 for problem in attention_minigpt attention_llama; do
-  $fact realize "bench/problems/$problem.py" --dtype bf16 --candidates "$candidates" --out "$out/${problem}_bf16"
+  $fact realize "bench/problems/$problem.py" --dtype bf16 --candidates "$candidates" --out "$out/${problem}_bf16" &
+  pids+=($!)
 done
+for pid in "${pids[@]}"; do wait "$pid"; done
