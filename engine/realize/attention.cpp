@@ -212,6 +212,7 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
       // residual fusion masks them in the last K/V tile otherwise.
       {"fusion", spec.causal ? "cutlass::fmha::collective::CausalFusion" : "cutlass::fmha::collective::ResidualFusion"},
       {"causal", spec.causal ? "true" : "false"},
+      {"persistent", c.schedule == "pingpong" ? "true" : "false"},
   };
   k.source = substitute(templates::kAttentionSm90, vars);
   return k;

@@ -1346,6 +1346,44 @@ def test_attention_patterns_run_as_fact_attention(engine_available, tmp_path, mo
         assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+class HeadsKeptAttention(nn.Module):
+    """Attention whose output stays (B, H, S, D) and is then viewed as (B*H, S, D): the plan's
+    out_layout is bhsd, so the kernel must write a contiguous (B, H, S, D) tensor."""
+
+    def __init__(self, width=64, heads=4):
+        super().__init__()
+        self.h = heads
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width // heads, width // heads)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.h))
+        y = F.softmax(att, dim=-1) @ v
+        return self.proj(y.view(b * self.h, t, c // self.h))
+
+
+def test_attention_output_in_the_heads_first_layout(engine_available, tmp_path, monkeypatch):
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(5)
+    model, x = HeadsKeptAttention().eval(), torch.randn(2, 32, 64)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    assert plan["patterns"][att["index"]]["attrs"]["out_layout"] == "bhsd"
+    assert att["chosen"] == "reference:ref", att
+    (node,) = calls(opt.graph_module, ATTENTION_OP)
+    out = node_values(opt.graph_module, opt._program.state_inputs() + [x])[node]
+    assert out.is_contiguous() and out.shape == (2, 4, 32, 16)
+    (y,) = fresh_inputs([x], 3)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
 def test_attention_twin_and_library_sdpa_are_both_checked(engine_available, tmp_path):
     """Without a thumb on the scale: the generated twin and PyTorch's SDPA are both verified
     against the hand-written subgraph (even with repeat_kv and an fp32 softmax, whose

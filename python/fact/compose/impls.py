@@ -513,7 +513,10 @@ class AttentionImpl(Impl):
                 raise NotSupportedError(
                     f"{name} handles head_dim up to {info['head_dim']}, not {d}"
                 )
-        entry = AttentionKernel(causal, scale, out_dtype, backend, library, label)
+        out_layout = attrs.get("out_layout") or "bs(hd)"
+        if out_layout not in ("bs(hd)", "bhsd"):
+            raise NotSupportedError(f"attention output layout {out_layout!r}")
+        entry = AttentionKernel(causal, scale, out_dtype, backend, library, label, out_layout)
         self.handle = register_kernel(entry)
         name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'attention'}"
         super().__init__(name, "generated", {"backend": backend, "causal": causal, "scale": scale})

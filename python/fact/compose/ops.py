@@ -71,6 +71,9 @@ class AttentionKernel:
     backend: str  # cutlass (a generated library) | reference
     library: KernelLibrary | None = None
     label: str = ""
+    # bs(hd): the output is merged into (batch, seq, heads*dim) next, so it is written as the
+    # transpose of a (B, S, H, D) buffer; bhsd: the model keeps (B, H, S, D), written contiguous
+    out_layout: str = "bs(hd)"
 
 
 KernelEntry = GemmKernel | NormKernel | AttentionKernel
@@ -248,11 +251,14 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _attention_out(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """[B, H, S, D] as the transpose of a (B, S, H, D)-contiguous buffer: the model's later
-    transpose(1, 2).contiguous().view(b, s, h * d) is then free."""
+def _attention_out(q: torch.Tensor, entry: AttentionKernel) -> torch.Tensor:
+    """[B, H, S, D] in the layout the model goes on with: for bs(hd) the transpose of a
+    (B, S, H, D)-contiguous buffer (the model's later transpose(1, 2).contiguous().view(b, s,
+    h * d) is then free), for bhsd contiguous (B, H, S, D) (a later view(b * h, s, d) works)."""
     b, h, s, d = q.shape
-    return q.new_empty((b, s, h, d), dtype=dtype).transpose(1, 2)
+    if entry.out_layout == "bhsd":
+        return q.new_empty((b, h, s, d), dtype=entry.out_dtype)
+    return q.new_empty((b, s, h, d), dtype=entry.out_dtype).transpose(1, 2)
 
 
 def _attention_reference(entry: AttentionKernel, q, k, v) -> torch.Tensor:
@@ -300,8 +306,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) ->
     """O = softmax(scale * Q K^T (+ causal mask)) V by attention kernel `kernel` of the table.
 
     q [B, H, S, D]; k, v [B, Hkv, Sk, D] (query head h reads K/V head h // (H // Hkv)); views
-    with any strides, read in place where the last dim is contiguous. Returns O [B, H, S, D]:
-    the transpose(1, 2) view of a new (B, S, H, D)-contiguous tensor.
+    with any strides, read in place where the last dim is contiguous. Returns a new O
+    [B, H, S, D] in the entry's out_layout (see _attention_out).
     """
     entry = kernel_entry(kernel)
     if not isinstance(entry, AttentionKernel):
@@ -309,7 +315,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) ->
     label = entry.label or (entry.library.name if entry.library is not None else "reference")
     _attention_shapes(label, q, k, v)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-    out = _attention_out(q, entry.out_dtype)
+    out = _attention_out(q, entry)
     if entry.backend == "reference":
         out.copy_(_attention_reference(entry, q, k, v))
     else:
@@ -319,4 +325,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) ->
 
 @attention.register_fake
 def _attention_fake(q, k, v, kernel):
-    return _attention_out(q, kernel_entry(kernel).out_dtype)
+    return _attention_out(q, kernel_entry(kernel))

@@ -35,6 +35,7 @@ using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // (seq, dim, (
 using StrideLSE = cute::tuple<_1, cute::tuple<int, int>>;   // (seq, (batch, head))
 using Fusion = cutlass::fmha::collective::CausalFusion;
 constexpr bool kCausal = true;
+constexpr bool kPersistent = false;  // the ping-pong schedule's tile scheduler
 constexpr int kHeadDim = 96;
 constexpr int kAlignment = 16 / sizeof(Element);
 
@@ -90,7 +91,7 @@ __attribute__((visibility("default"))) const char* fact_last_error(void) { retur
 __attribute__((visibility("default"))) int fact_attention_can_implement(const FactAttentionArgs* a) {
   g_error[0] = 0;
   if (!a || !a->q || !a->k || !a->v || !a->o) return fail(FACT_INVALID_ARGS, "null args, q, k, v or o");
-  if (a->batch <= 0 || a->heads <= 0 || a->kv_heads <= 0 || a->seq_q <= 0 || a->seq_k <= 0) {
+  if (a->batch <= 0 || a->heads <= 0 || a->kv_heads <= 0 || a->seq_q <= 0 || a->seq_k <= 0 || a->head_dim <= 0) {
     return fail(FACT_INVALID_ARGS, "empty problem");
   }
   if (a->heads % a->kv_heads) return fail(FACT_INVALID_ARGS, "heads is not a multiple of kv_heads");
@@ -101,6 +102,10 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
     return fail(FACT_NOT_SUPPORTED, "causal attention with more queries than keys");
   }
   if (!fits(a->batch * a->heads) || !fits(a->seq_q) || !fits(a->seq_k)) return fail(FACT_NOT_SUPPORTED, "sizes beyond int32");
+  // The non-persistent kernel launches a grid of (query tiles, batch, kv heads).
+  if (!kPersistent && (a->batch > 65535 || a->kv_heads > 65535)) {
+    return fail(FACT_NOT_SUPPORTED, "batch or kv_heads above 65535 (grid limit of the non-persistent schedule)");
+  }
   const int64_t strides[] = {a->q_stride_b, a->q_stride_h, a->q_stride_s, a->k_stride_b, a->k_stride_h, a->k_stride_s,
                              a->v_stride_b, a->v_stride_h, a->v_stride_s, a->o_stride_b, a->o_stride_h, a->o_stride_s};
   for (int64_t s : strides) {
@@ -135,7 +140,12 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
   const int sq = static_cast<int>(a->seq_q), sk = static_cast<int>(a->seq_k), d = static_cast<int>(a->head_dim);
   cutlass::KernelHardwareInfo hw;
   hw.sm_count = a->sm_count;
-  if (hw.sm_count <= 0) hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
+  if (hw.sm_count <= 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    hw.device_id = device;
+    hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }
   float* lse = static_cast<float*>(workspace);
   // Query head h = hk * group + g: launch g covers heads g, g + group, ... against K/V head hk.
   for (int g = 0; g < group; ++g) {
@@ -159,10 +169,18 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
     // The collective derives 1/sqrt(head_dim); the graph's scale is what the model computes.
     params.mainloop.scale_softmax = a->scale;
     params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
-    if (Operation::run(params, static_cast<cudaStream_t>(stream)) != cutlass::Status::kSuccess) {
-      err = cudaGetLastError();
-      std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
-      return FACT_CUDA_ERROR;
+    const cutlass::Status launched = Operation::run(params, static_cast<cudaStream_t>(stream));
+    if (launched != cutlass::Status::kSuccess) {
+      // CUTLASS has already read (and so cleared) a non-sticky launch error; a pending one
+      // means the device is in trouble, otherwise the launch was refused (limits).
+      err = cudaPeekAtLastError();
+      if (err != cudaSuccess) {
+        std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
+        return FACT_CUDA_ERROR;
+      }
+      std::snprintf(g_error, sizeof g_error, "launch refused: %s (grid, shared memory or cluster limits)",
+                    cutlass::cutlassGetStatusString(launched));
+      return FACT_NOT_SUPPORTED;
     }
   }
   return FACT_OK;
