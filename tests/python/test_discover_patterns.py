@@ -532,7 +532,8 @@ def test_cli_truncated_real_graph(engine_available, tmp_path):
 
 
 def test_seed_registry_gives_vetted_configs(engine_available, tmp_path):
-    """The shipped seed (measured on the H200) answers the MiniGPT MLP GEMM exactly."""
+    """The shipped seed (measured on the H200) answers the MiniGPT MLP GEMM and attention
+    exactly."""
     registry = tmp_path / "registry.db"
     imported = subprocess.run(
         [str(engine_available), "registry", "import", str(REPO / "data" / "registry_seed.json"),
@@ -555,3 +556,8 @@ def test_seed_registry_gives_vetted_configs(engine_available, tmp_path):
     assert mlp["vetted"][0]["match"] == "exact" and mlp["vetted"][0]["provenance"] == "seed"
     times = [v["time_us"] for v in mlp["vetted"]]
     assert times == sorted(times)  # exact matches, fastest first
+    # attention too (the FMHA runs of bench/results/2026-11-30-attention): the cooperative
+    # 128x128 kernel with 5 stages was the fastest at this shape
+    att = next(p for p in plan["patterns"] if p["family"] == "attention")
+    assert att["vetted"] and att["vetted"][0]["match"] == "exact"
+    assert att["vetted"][0]["config"]["name"] == "q128kv128_coop_s5"
