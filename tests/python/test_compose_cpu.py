@@ -725,6 +725,29 @@ def test_report_writes_markdown_json_and_a_rendered_chart(ref_opt, tmp_path):
     assert len(data) > 10_000
 
 
+def test_report_note_names_the_runner_up(ref_opt):
+    """The note column says which verified candidate came next and its time, so a reader sees
+    the margin of each choice (e.g. SDPA chosen over a generated attention kernel)."""
+    _, _, opt, _ = ref_opt
+    report = json.loads(json.dumps(opt.report, default=str))
+    target = report["patterns"][0]
+    target.update(chosen="sdpa", kind="library", time_us=189.0, reason="")
+    target["candidates"] = [
+        {"impl": "cutlass:k_slow", "kind": "generated", "ok": True, "time_us": 260.0},
+        {"impl": "cutlass:k_fast", "kind": "generated", "ok": True, "time_us": 234.4},
+        {"impl": "cutlass:k_wrong", "kind": "generated", "ok": False, "time_us": 100.0},
+        {"impl": "sdpa", "kind": "library", "ok": True, "time_us": 189.0},
+    ]
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    (row,) = [ln for ln in md.splitlines() if ln.startswith(f"| {target['index']} | ")]
+    note = [c.strip() for c in row.strip("|").split("|")][7]
+    assert note == "next: cutlass:k_fast 0.234 ms"
+    target["candidates"] = target["candidates"][2:]  # nothing verified but the choice
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    (row,) = [ln for ln in md.splitlines() if ln.startswith(f"| {target['index']} | ")]
+    assert "next:" not in row
+
+
 def test_report_markdown_marks_a_fallback(ref_opt):
     _, _, opt, _ = ref_opt
     report = json.loads(json.dumps(opt.report, default=str))

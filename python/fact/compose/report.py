@@ -85,10 +85,11 @@ def markdown(bench: Mapping[str, Any]) -> str:
         kind = {"generated": "generated kernel", "library": "library kernel"}.get(p.get("kind"), "")
         runs_as = f"{chosen} ({kind})" if kind and not p.get("fallback") else chosen
         after = p.get("time_us") if not p.get("fallback") else None
+        note = "; ".join(n for n in (p.get("reason") or "", _runner_up(p)) if n)
         lines.append(
             f"| {p['index']} | `{p.get('signature')}` | {runs_as} | {_ms(p.get('eager_us'))} | "
             f"{_ms(after)} | {_x(p.get('eager_us'), after)} | {_err(p.get('error'))} | "
-            f"{(p.get('reason') or '').replace('|', '/')} |"
+            f"{note.replace('|', '/')} |"
         )
     nodes = opt.get("pytorch_nodes") or []
     if nodes:
@@ -111,6 +112,20 @@ def markdown(bench: Mapping[str, Any]) -> str:
         ]
         lines += [f"| `{r['kernel']}` | {r['calls']:g} | {r['us']:.1f} |" for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def _runner_up(pattern: Mapping[str, Any]) -> str:
+    """The fastest verified candidate that was not chosen ("next: <impl> 0.234 ms"), so a
+    reader sees by how much the choice won; empty when there is none."""
+    others = [
+        c
+        for c in pattern.get("candidates") or []
+        if c.get("ok") and c.get("time_us") and c.get("impl") != pattern.get("chosen")
+    ]
+    if not others:
+        return ""
+    best = min(others, key=lambda c: c["time_us"])
+    return f"next: {best['impl']} {_ms(best['time_us'])} ms"
 
 
 def chart(patterns: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path | None:
