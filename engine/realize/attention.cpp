@@ -1,6 +1,7 @@
 #include "realize/attention.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
