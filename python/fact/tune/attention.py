@@ -592,24 +592,9 @@ def _check(
         harness._sync(dev)
     ref = reference(spec, inputs.q, inputs.k, inputs.v)
     err, why = harness.rel_err(inputs.o, ref)
-    result["rel_err"][label] = err
-    result["seeds"][label] = inputs.seed
     if math.isfinite(err):
         result["max_rel_err"][label] = _max_rel_err(inputs.o, ref)
-    if lib is None:
-        if math.isinf(err):
-            result.update(ok=False, disposition="incorrect")
-            failures.append(f"{label}: {why}")
-        elif not err <= tol:
-            failures.append(
-                f"{label}: rel_err {err:.3g} above the kernels' {tol:g}"
-                + (f" ({why})" if why else "")
-            )
-    elif not err <= tol:
-        failures.append(
-            f"{label}: rel_err {err:.3g} > {tol:g} (seed {inputs.seed})"
-            + (f": {why}" if why else "")
-        )
+    harness.record_error(result, failures, label, err, why, inputs.seed, tol, baseline=lib is None)
     return inputs, ref
 
 
