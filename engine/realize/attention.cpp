@@ -23,11 +23,13 @@ constexpr double kNearDistance = 2.0;
 
 const std::set<std::string> kSteps = {"scale", "causal_mask", "softmax", "dropout"};
 
+// The FMHA collective's P @ V step takes P from registers as 16- or 8-bit operands: no fp32/TF32.
 std::string element_type(const std::string& dtype) {
-  if (dtype == "bf16") return "cutlass::bfloat16_t";
-  if (dtype == "f16") return "cutlass::half_t";
-  throw NotSupported("attention in " + dtype +
-                     " has no generated kernel (bf16 and f16 only; fp32 models keep PyTorch's attention)");
+  if (dtype != "bf16" && dtype != "f16") {
+    throw NotSupported("attention in " + dtype +
+                       " has no generated kernel (bf16 and f16 only; fp32 models keep PyTorch's attention)");
+  }
+  return cutlass_element(dtype);
 }
 
 int64_t get_int(const json& obj, const char* key, const std::string& what) {

@@ -13,14 +13,14 @@ namespace fact::realize {
 
 using nlohmann::json;
 
-namespace {
-
 std::string cutlass_element(const std::string& dtype) {
   if (dtype == "bf16") return "cutlass::bfloat16_t";
   if (dtype == "f16") return "cutlass::half_t";
   if (dtype == "f32") return "float";
   throw NotSupported("dtype " + dtype + " has no CUTLASS sm90 GEMM path in FACT yet");
 }
+
+namespace {
 
 std::string float_literal(const json& v) {
   FACT_CHECK(v.is_number() || v.is_string(), "epilogue constant is neither a number nor inf/nan: " + v.dump());

@@ -58,6 +58,9 @@ nlohmann::json lower_gated_mlp(const nlohmann::json& pattern);
 // ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
 std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
 
+// The CUTLASS element type of a plan dtype (bf16, f16, f32); NotSupported for others.
+std::string cutlass_element(const std::string& dtype);
+
 // 10 hex digits of a stable (FNV-1a) hash: the spec part of kernel names.
 std::string short_hash(const std::string& text);
 
