@@ -106,6 +106,14 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
+def _launch(run, args, nbytes: int, device: torch.device) -> int:
+    """run(args, workspace, nbytes, stream), a kernel's ABI entry point, on PyTorch's current
+    stream with the workspace it asked for taken from the caching allocator; its status."""
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
+    stream = torch.cuda.current_stream(device).cuda_stream
+    return run(args, workspace.data_ptr() if nbytes else None, nbytes, stream)
+
+
 def _problem(a: torch.Tensor, b: torch.Tensor) -> dict[str, int]:
     batch = a.shape[0] if a.dim() == 3 else 1
     return {"batch": batch, "m": a.shape[-2], "n": b.shape[-1], "k": a.shape[-1]}
@@ -140,10 +148,7 @@ def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
             f"fact::gemm {entry.label or lib.name}: the kernel cannot run "
             f"{tuple(a.shape)} @ {tuple(b.shape)}: {lib.last_error()}"
         )
-    size = lib.workspace_size(args)
-    workspace = torch.empty(size, dtype=torch.uint8, device=a.device) if size else None
-    stream = torch.cuda.current_stream(a.device).cuda_stream
-    lib.check(lib.run(args, workspace.data_ptr() if size else None, size, stream))
+    lib.check(_launch(lib.run, args, lib.workspace_size(args), a.device))
 
 
 @torch.library.custom_op("fact::gemm", mutates_args=())
@@ -295,10 +300,7 @@ def _run_attention(entry: AttentionKernel, q, k, v, out) -> None:
             f"{q.stride()}, k {tuple(k.shape)} stride {k.stride()}, v stride {v.stride()}: "
             f"{lib.last_error()}"
         )
-    size = lib.attention_workspace_size(args)
-    workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    lib.check(lib.attention_run(args, workspace.data_ptr() if size else None, size, stream))
+    lib.check(_launch(lib.attention_run, args, lib.attention_workspace_size(args), q.device))
 
 
 @torch.library.custom_op("fact::attention", mutates_args=())
