@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fact
+from attention_modules import GqaAttention, HandWrittenAttention
 from fact.compose import report as report_mod
 from fact.compose.impls import (
     AttentionImpl,
@@ -1130,67 +1131,6 @@ def test_gated_mlp_runs_as_up_projection_plus_a_fused_gate_gemm(engine_available
 # 13. Generated attention: fact::attention and AttentionImpl (reference backend on CPU)
 
 ATTENTION_OP = torch.ops.fact.attention.default
-
-
-class HandWrittenAttention(nn.Module):
-    """MiniGPT's causal self-attention, small: Q, K, V split from one c_attn projection, a tril
-    buffer as the mask, dropout (p = 0 unless given), heads merged back by
-    transpose(1, 2).contiguous().view(...)."""
-
-    def __init__(self, width: int = 64, heads: int = 4, seq: int = 32, p: float = 0.0):
-        super().__init__()
-        self.heads = heads
-        self.c_attn = nn.Linear(width, 3 * width)
-        self.c_proj = nn.Linear(width, width)
-        self.attn_dropout = nn.Dropout(p)
-        self.register_buffer("bias", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-        att = self.attn_dropout(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
-
-
-class GqaAttention(nn.Module):
-    """Llama's attention, small (4 query heads, 2 key/value heads): sdpa=True calls SDPA with
-    enable_gqa (dropout_p while training, when given); sdpa=False writes it out with repeat_kv
-    (expand + reshape), an additive causal mask and an fp32 softmax."""
-
-    def __init__(self, width=64, heads=4, kv_heads=2, sdpa=True, p=0.0):
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = heads, kv_heads, width // heads
-        self.sdpa, self.p = sdpa, p
-        self.wq = nn.Linear(width, heads * self.hd, bias=False)
-        self.wk = nn.Linear(width, kv_heads * self.hd, bias=False)
-        self.wv = nn.Linear(width, kv_heads * self.hd, bias=False)
-        self.wo = nn.Linear(heads * self.hd, width, bias=False)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.heads, self.hd).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        if self.sdpa:
-            p = self.p if self.training else 0.0
-            y = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=p, is_causal=True, enable_gqa=True
-            )
-        else:
-            rep = self.heads // self.kv_heads
-            k = k[:, :, None].expand(b, self.kv_heads, rep, s, self.hd).reshape(b, -1, s, self.hd)
-            v = v[:, :, None].expand(b, self.kv_heads, rep, s, self.hd).reshape(b, -1, s, self.hd)
-            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd)
-            mask = torch.full((s, s), float("-inf"), device=x.device).triu(1)
-            probs = F.softmax((scores + mask).float(), dim=-1).type_as(q)
-            y = torch.matmul(probs, v)
-        return self.wo(y.transpose(1, 2).contiguous().view(b, s, -1))
 
 
 ATTENTION_MODULES = {

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import fact
+from attention_modules import GqaAttention, HandWrittenAttention
 from fact.compose.impls import run_cublaslt_pattern, run_gemm_pattern
 from fact.compose.optimize import rel_err
 
@@ -168,54 +169,11 @@ def test_generated_norm_kernels_match_eager(tmp_path):
 # Fused attention: generated CUTLASS FMHA kernels through fact::attention
 
 
-class CausalSelfAttention(nn.Module):
-    """MiniGPT's attention half (smaller batch and sequence): Q, K, V split from one c_attn
-    projection and read in place, a tril buffer as the causal mask, heads merged by
-    transpose(1, 2).contiguous().view(...)."""
-
-    def __init__(self, width: int = 768, heads: int = 8, seq: int = 256):
-        super().__init__()
-        self.heads = heads
-        self.c_attn = nn.Linear(width, 3 * width)
-        self.c_proj = nn.Linear(width, width)
-        self.register_buffer("bias", torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
-        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
-        y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
-
-
-class GqaSdpaAttention(nn.Module):
-    """Llama's attention (no RoPE), smaller: 8 query heads share 2 key/value heads of dim 128,
-    through scaled_dot_product_attention(is_causal=True, enable_gqa=True)."""
-
-    def __init__(self, width: int = 1024, heads: int = 8, kv_heads: int = 2):
-        super().__init__()
-        self.heads, self.kv_heads, self.hd = heads, kv_heads, width // heads
-        self.wq = nn.Linear(width, width, bias=False)
-        self.wk = nn.Linear(width, kv_heads * self.hd, bias=False)
-        self.wv = nn.Linear(width, kv_heads * self.hd, bias=False)
-        self.wo = nn.Linear(width, width, bias=False)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.heads, self.hd).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.wo(y.transpose(1, 2).contiguous().view(b, s, -1))
-
-
 ATTENTION_BLOCKS = {
-    "minigpt_causal": (CausalSelfAttention, (8, 256, 768)),
-    "gqa_sdpa": (GqaSdpaAttention, (4, 512, 1024)),
+    # MiniGPT's attention half at width 768, 8 heads of 96; Llama's GQA (8 query heads share 2
+    # key/value heads of 128, no RoPE) through SDPA
+    "minigpt_causal": (lambda: HandWrittenAttention(768, 8, 256), (8, 256, 768)),
+    "gqa_sdpa": (lambda: GqaAttention(1024, 8, 2, sdpa=True), (4, 512, 1024)),
 }
 
 
