@@ -199,13 +199,6 @@ class AttentionSpec:
         )
 
 
-def is_attention(pattern: Any) -> bool:
-    """An AttentionSpec, or a plan pattern of family "attention"."""
-    return isinstance(pattern, AttentionSpec) or (
-        isinstance(pattern, Mapping) and pattern.get("family") == FAMILY
-    )
-
-
 def _spec(pattern: Any, problem: Mapping[str, Any] | None = None) -> AttentionSpec:
     if isinstance(pattern, AttentionSpec):
         return pattern.with_problem(problem)
