@@ -12,6 +12,7 @@
 #include "realize/compile.h"
 #include "realize/emit.h"
 #include "realize/norm.h"
+#include "realize/pointwise.h"
 #include "ir/json_io.h"
 #include "realize/config_space.h"
 #include "registry/registry.h"
@@ -91,6 +92,8 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
       // How stage 2 realizes it: the gate GEMM with act(acc) * up in its epilogue.
       try {
         patterns.back()["lowered"] = realize::lower_gated_mlp(patterns.back());
+        // ... or library GEMMs and act(gate) * up in one generated pointwise kernel.
+        patterns.back()["tail"] = realize::gated_mlp_tail(patterns.back()["lowered"]);
       } catch (const realize::NotSupported&) {
         // no fused form: realize reports the pattern as not supported
       }
@@ -212,6 +215,21 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       }
       continue;
     }
+    if (match.family == discover::Family::pointwise) {
+      // Pointwise regions: one kernel per block width; checked and timed in context.
+      try {
+        const auto spec = realize::PointwiseSpec::from_pattern(pattern);
+        json configs = json::array();
+        for (const auto& c : realize::pointwise_configs(spec)) {
+          configs.push_back(c.to_json());
+          add_kernel(i, realize::emit_pointwise(spec, c), c.to_json());
+        }
+        write_text_file(candidates_file(i), json({{"family", "pointwise"}, {"configs", configs}}).dump(2));
+      } catch (const realize::NotSupported& e) {
+        refuse(base, e.what());
+      }
+      continue;
+    }
     if (match.family == discover::Family::attention) {
       // Fused attention: CUTLASS's Hopper FMHA, one kernel per ranked config; the tuner
       // verifies and times them against PyTorch's scaled_dot_product_attention.
@@ -240,6 +258,21 @@ RealizeResult run_realize(const RealizeOptions& opt) {
           refuse(base, e.what());
         }
         continue;
+      }
+      if (pattern.contains("tail")) {
+        // The library-GEMMs form: its pointwise kernels, checked in context like regions.
+        try {
+          const auto spec = realize::PointwiseSpec::from_pattern(pattern["tail"]);
+          for (const auto& c : realize::pointwise_configs(spec)) {
+            json config = c.to_json();
+            config["form"] = "tail";
+            add_kernel(i, realize::emit_pointwise(spec, c), config);
+          }
+        } catch (const realize::NotSupported& e) {
+          json entry = base;
+          entry["config"] = {{"form", "tail"}};
+          refuse(entry, e.what());
+        }
       }
       gemm_pattern = pattern["lowered"];
       gemm_match.family = discover::Family::gemm;
@@ -279,6 +312,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   write_text_file(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
   write_text_file(run / "src" / "fact_norm_abi.h", realize::norm_abi_header_text());
   write_text_file(run / "src" / "fact_attention_abi.h", realize::attention_abi_header_text());
+  write_text_file(run / "src" / "fact_pointwise_abi.h", realize::pointwise_abi_header_text());
   // 3. Compile what the cache does not hold yet, in parallel.
   realize::CompileOptions copt;
   copt.cutlass_dir = opt.cutlass_dir;

@@ -13,6 +13,7 @@ const char* family_name(Family f) {
     case Family::gated_mlp: return "gated_mlp";
     case Family::attention: return "attention";
     case Family::norm: return "norm";
+    case Family::pointwise: return "pointwise";
   }
   return "?";
 }

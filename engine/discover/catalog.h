@@ -34,6 +34,10 @@ Attempt match_attention_sdpa(const ir::Graph& g, int root);
 Attempt match_norm_op(const ir::Graph& g, int root);
 Attempt match_rms_norm_handwritten(const ir::Graph& g, int root);
 
+// Not a rooted rule: after the planner has chosen, the pointwise ops left uncovered (`covered`
+// is indexed by node id) grouped into single-exit regions, in program order (rule_pointwise.cpp).
+std::vector<Match> pointwise_regions(const ir::Graph& g, const std::vector<char>& covered);
+
 // Helpers shared by matchers.
 Attempt miss(const std::string& rule, int root, int at, int progress, const std::string& reason);
 // Sort and de-duplicate a node list.

@@ -183,6 +183,9 @@ Cost CostModel::fused(const Graph& g, const Match& m) const {
     case Family::norm:
       c.flops = 8.0 * static_cast<double>(out.numel());
       break;
+    case Family::pointwise:
+      c.flops = static_cast<double>(m.epilogue.size()) * static_cast<double>(out.numel());
+      break;
   }
   return finish(c, rate);
 }

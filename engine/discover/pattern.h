@@ -8,7 +8,7 @@
 namespace fact::discover {
 
 // Kernel families, in the order stage 2 realizes them.
-enum class Family { gemm, horizontal_gemm, gated_mlp, attention, norm };
+enum class Family { gemm, horizontal_gemm, gated_mlp, attention, norm, pointwise };
 const char* family_name(Family f);
 
 // A tensor the fused kernel reads that is produced outside the pattern.
@@ -27,7 +27,7 @@ struct Match {
   int output = -1;              // the node whose value the kernel produces
   std::vector<Operand> operands;
   std::vector<std::string> epilogue;  // fused steps in order (named per the --json contract)
-  nlohmann::json epilogue_expr;       // gemm families: SSA form of the epilogue (see expr.h)
+  nlohmann::json epilogue_expr;       // gemm families, pointwise: SSA form of the expression (see expr.h)
   nlohmann::json problem;             // sizes: m, n, k, batch / batch, heads, seq_q, ...
   nlohmann::json attrs;               // dtypes, layouts, causal, scale, eps, ...
 };

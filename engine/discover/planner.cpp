@@ -136,13 +136,27 @@ Discovery discover(const Graph& g, const CostModel& cost) {
     d.rejected.push_back(cands[id]);
     d.rejected_why.push_back("overlaps " + by + ", which saves more");
   }
-  std::stable_sort(d.chosen.begin(), d.chosen.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.saving_s() > b.saving_s(); });
   std::vector<char> covered(static_cast<size_t>(g.size()), 0);
   for (const auto& c : d.chosen) {
-    d.total_saving_s += c.saving_s();
     for (int id : c.match.nodes) covered[static_cast<size_t>(id)] = 1;
   }
+  // What the rules left to PyTorch: pointwise regions, one generated kernel each.
+  for (auto& m : pointwise_regions(g, covered)) {
+    ++d.rule_hits[m.rule];
+    Candidate c{std::move(m), {}, {}};
+    c.unfused = cost.unfused(g, c.match.nodes);
+    c.fused = cost.fused(g, c.match);
+    if (c.saving_s() <= 0) {
+      d.rejected.push_back(c);
+      d.rejected_why.push_back("estimated slower fused than as separate PyTorch ops");
+      continue;
+    }
+    for (int id : c.match.nodes) covered[static_cast<size_t>(id)] = 1;
+    d.chosen.push_back(std::move(c));
+  }
+  std::stable_sort(d.chosen.begin(), d.chosen.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.saving_s() > b.saving_s(); });
+  for (const auto& c : d.chosen) d.total_saving_s += c.saving_s();
   std::vector<int> all;
   for (const auto& n : g.nodes) {
     if (!n.is_placeholder()) all.push_back(n.id);

@@ -21,6 +21,7 @@
 #include "realize/emit.h"
 #include "realize/attention.h"
 #include "realize/norm.h"
+#include "realize/pointwise.h"
 #include "util/files.h"
 
 namespace fs = std::filesystem;
@@ -186,8 +187,10 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
       // Headers only some kernels include count only for those (the GEMM keys stay as they were).
       const bool norm = job.source.find("\"fact_norm_abi.h\"") != std::string::npos;
       const bool attention = job.source.find("\"fact_attention_abi.h\"") != std::string::npos;
+      const bool pointwise = job.source.find("\"fact_pointwise_abi.h\"") != std::string::npos;
       r.key = sha256_hex(salt + (norm ? std::string("|") + norm_abi_header_text() : "") +
-                         (attention ? std::string("|") + attention_abi_header_text() : "") + "|" + job.source);
+                         (attention ? std::string("|") + attention_abi_header_text() : "") +
+                         (pointwise ? std::string("|") + pointwise_abi_header_text() : "") + "|" + job.source);
       const fs::path entry = fs::path(opt.cache_dir) / r.key;
       r.library = (entry / "kernel.so").string();
       r.log = (entry / "build.log").string();
@@ -202,6 +205,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         write_text_file(tmp / "fact_gemm_abi.h", abi_header_text());
         write_text_file(tmp / "fact_norm_abi.h", norm_abi_header_text());
         write_text_file(tmp / "fact_attention_abi.h", attention_abi_header_text());
+        write_text_file(tmp / "fact_pointwise_abi.h", pointwise_abi_header_text());
         std::vector<std::string> argv = {opt.nvcc};
         argv.insert(argv.end(), flags.begin(), flags.end());
         std::vector<fs::path> includes = {fs::path(opt.cutlass_dir) / "include",

@@ -296,6 +296,60 @@ json lower_gated_mlp(const json& p) {
   return out;
 }
 
+json gated_mlp_tail(const json& lowered) {
+  const auto& attrs = lowered.at("attrs");
+  json up;
+  for (const auto& o : lowered.at("operands")) {
+    if (o.value("role", "") == "up") up = o;
+  }
+  if (up.is_null()) throw NotSupported("a lowered gated MLP without its up operand");
+  // The SSA over acc and operands becomes one over inputs: acc (the gate) is input 0.
+  json ssa = lowered.at("epilogue_expr").at("ssa");
+  for (auto& e : ssa) {
+    if (e.at("op") == "acc") {
+      e = {{"id", e.at("id")}, {"op", "operand"}, {"index", 0}};
+    } else if (e.at("op") == "operand") {
+      e["index"] = e.at("index").get<int>() + 1;
+    }
+  }
+  const std::string type = up.value("type", "");
+  std::vector<int64_t> shape;
+  for (size_t at = type.find('['); at != std::string::npos && at + 1 < type.size();) {
+    size_t used = 0;
+    shape.push_back(std::stoll(type.substr(at + 1), &used));
+    at = type.find(',', at + 1 + used);
+  }
+  if (shape.empty()) throw NotSupported("the up projection's type '" + type + "' has no shape");
+  std::vector<int64_t> strides(shape.size(), 1);
+  int64_t numel = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = numel;
+    numel *= shape[d];
+  }
+  json gate = up;
+  gate["role"] = "in0";
+  gate["node"] = attrs.at("gate");
+  gate.erase("broadcast");
+  up["role"] = "in1";
+  up.erase("broadcast");
+  const std::string text = lowered.at("epilogue_expr").value("text", "");
+  std::string steps;
+  for (const auto& step : lowered.at("epilogue")) steps += (steps.empty() ? "" : "+") + step.get<std::string>();
+  return {{"family", "pointwise"},
+          {"rule", "gated_mlp_tail"},
+          {"signature", "pointwise[" + steps + "]:" + attrs.value("dtype_out", "") + "->" + attrs.value("dtype_out", "")},
+          {"operands", {gate, up}},
+          {"output", lowered.value("output", "")},
+          {"epilogue", lowered.at("epilogue")},
+          {"epilogue_expr", {{"text", text.substr(0, text.find("acc")) + "gate" + text.substr(text.find("acc") + 3)},
+                             {"ssa", ssa}}},
+          {"problem", {{"numel", numel}, {"cols", shape.back()}}},
+          {"attrs", {{"inputs", attrs.value("dtype_out", "")},
+                     {"dtype_out", attrs.value("dtype_out", "")},
+                     {"shape", shape},
+                     {"strides", strides}}}};
+}
+
 EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   // f32 operands run as tf32 WGMMA; CUTLASS's builder transposes non-K-major operands itself.
   if (c.math == "3xtf32") throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels, not emitted yet");

@@ -55,6 +55,12 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& config);
 // NotSupported for activations the epilogue vocabulary lacks or a batched problem.
 nlohmann::json lower_gated_mlp(const nlohmann::json& pattern);
 
+// The other way to run a gated MLP: both projections as library GEMMs, then act(gate) * up in
+// one generated pointwise kernel. From the lowered pattern (above), returns the plan pattern of
+// that kernel (family pointwise, rule gated_mlp_tail; operands in0 = the gate projection's
+// output, in1 = the up projection's, both contiguous [.., n]).
+nlohmann::json gated_mlp_tail(const nlohmann::json& lowered);
+
 // ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
 std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
 

@@ -196,6 +196,8 @@ std::string signature(const discover::Match& m) {
   } else if (a.contains("dtype")) {
     s += ":" + a["dtype"].get<std::string>();
     if (a.value("causal", false)) s += ":causal";
+  } else if (a.contains("inputs")) {  // pointwise: the operands' dtypes
+    s += ":" + a["inputs"].get<std::string>() + "->" + a["dtype_out"].get<std::string>();
   } else if (a.contains("dtype_in")) {
     s += ":" + a["dtype_in"].get<std::string>() + "->" + a["dtype_out"].get<std::string>() + ":" +
          a["kind"].get<std::string>();

@@ -448,9 +448,13 @@ TEST(RuleAttention, SoftmaxOverAnotherDimIsAMiss) {
   EXPECT_TRUE(chosen_of(p, Family::attention).empty());
   EXPECT_EQ(p.d.rule_hits.count("attention_handwritten"), 0u);
   EXPECT_TRUE(has_miss(p, "attention_handwritten", "softmax is not over the last dim"));
-  // The two products still run as GEMMs; the mask and the softmax stay in PyTorch.
+  // The two products still run as GEMMs; the mask becomes one pointwise region and the
+  // softmax stays in PyTorch.
   EXPECT_EQ(chosen_of(p, Family::gemm).size(), 2u);
-  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"eqm", "mf", "sm"}));
+  const auto regions = chosen_of(p, Family::pointwise);
+  ASSERT_EQ(regions.size(), 1u);
+  EXPECT_EQ(names(p.g, regions[0]->match.nodes), Names({"eqm", "mf"}));
+  EXPECT_EQ(names(p.g, p.d.uncovered), Names({"sm"}));
   expect_nothing_dropped(p);
 }
 

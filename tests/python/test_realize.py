@@ -216,3 +216,55 @@ def test_realize_compiles_a_fused_attention_kernel(engine_available, tmp_path):
     ):
         assert f" T {name}" in symbols, f"{name} not exported"
     assert (run / "src" / "fact_attention_abi.h").is_file()
+
+
+ROPE_PROBLEM = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            inv = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
+            f = torch.outer(torch.arange(64).float(), inv)
+            emb = torch.cat((f, f), -1)
+            self.register_buffer("cos", emb.cos())
+            self.register_buffer("sin", emb.sin())
+
+        def forward(self, x):  # x: (batch, seq, heads, dim)
+            q = x.transpose(1, 2)
+            x1, x2 = q[..., :16], q[..., 16:]
+            return q * self.cos + torch.cat((-x2, x1), dim=-1) * self.sin
+
+
+    def get_inputs():
+        return [torch.randn(2, 64, 4, 32)]
+    """
+)
+
+
+def test_realize_compiles_a_pointwise_region(engine_available, tmp_path):
+    """RoPE's muls, negation and concatenation are one pointwise region: one generated kernel
+    per block width, exporting the pointwise ABI, built in seconds (no CUTLASS involved)."""
+    from fact.tune.abi import KernelLibrary
+
+    problem = tmp_path / "rope.py"
+    problem.write_text(ROPE_PROBLEM)
+    res = realize(problem, tmp_path / "run", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    manifest = json.loads(res.stdout)
+    assert {e["family"] for e in manifest} == {"pointwise"}, manifest
+    assert [e["config"]["threads"] for e in manifest] == [128, 256, 512]
+    assert [e["status"] for e in manifest] == ["compiled"] * 3, manifest
+    run = tmp_path / "run"
+    plan = json.loads((run / "plan.json").read_text())
+    (pattern,) = plan["patterns"]
+    steps = pattern["signature"].removeprefix("pointwise[").removesuffix("]:bf16->bf16")
+    assert sorted(steps.split("+")) == ["add", "cat", "mul", "mul", "neg", "slice", "slice"]
+    assert [o["node"] for o in pattern["operands"]] == ["transpose", "b_cos", "b_sin"]
+    lib = KernelLibrary(run / manifest[0]["library"])
+    assert lib.family == "pointwise"
+    assert (lib.info["inputs"], lib.info["cols"], lib.info["vec"]) == (["bf16"] * 3, 32, 8)
+    assert (run / "src" / "fact_pointwise_abi.h").is_file()

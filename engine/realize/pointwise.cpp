@@ -1,0 +1,309 @@
+#include "realize/pointwise.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include "ir/error.h"
+#include "realize_templates.h"
+
+namespace fact::realize {
+
+using nlohmann::json;
+
+namespace {
+
+std::string cuda_type(const std::string& dtype) {
+  if (dtype == "bf16") return "__nv_bfloat16";
+  if (dtype == "f16") return "__half";
+  if (dtype == "f32") return "float";
+  if (dtype == "bool") return "bool";
+  throw NotSupported("dtype " + dtype + " has no pointwise kernel");
+}
+
+int dtype_bytes(const std::string& dtype) { return dtype == "f32" ? 4 : dtype == "bool" ? 1 : 2; }
+
+// A float literal for CUDA C++ (NaN and infinities by name).
+std::string literal(double v) {
+  if (std::isnan(v)) return "NAN";
+  if (std::isinf(v)) return v > 0 ? "INFINITY" : "(-INFINITY)";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(static_cast<float>(v)));
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return "(" + s + "f)";
+}
+
+// A JSON parameter: a number, or "inf" / "-inf" / "nan" as expr.cpp writes them.
+double param(const json& e, size_t i, double dflt) {
+  const auto ps = e.value("params", json::array());
+  if (i >= ps.size() || ps[i].is_null()) return dflt;
+  if (ps[i].is_number()) return ps[i].get<double>();
+  const std::string s = ps[i].get<std::string>();
+  return s == "inf" ? INFINITY : s == "-inf" ? -INFINITY : NAN;
+}
+
+// The C++ of one function of the expression vocabulary, on argument accessors `a`.
+std::string call(const json& e, const std::vector<std::string>& a) {
+  const std::string fn = e.at("op");
+  static const std::map<std::string, std::string> infix = {{"add", "+"}, {"sub", "-"}, {"mul", "*"}, {"div", "/"}};
+  static const std::map<std::string, std::string> compare = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
+                                                             {"le", "<="}, {"gt", ">"},  {"ge", ">="}};
+  static const std::map<std::string, std::string> unary = {
+      {"exp", "expf"},           {"log", "logf"},         {"sqrt", "sqrtf"},         {"rsqrt", "rsqrtf"},
+      {"abs", "fabsf"},          {"erf", "erff"},         {"sin", "sinf"},           {"cos", "cosf"},
+      {"tanh", "tanhf"},         {"sigmoid", "fact_sigmoid"}, {"relu", "fact_relu"}, {"silu", "fact_silu"},
+      {"gelu_erf", "fact_gelu_erf"}, {"gelu_tanh", "fact_gelu_tanh"}, {"mish", "fact_mish"},
+      {"hardswish", "fact_hardswish"}, {"hardsigmoid", "fact_hardsigmoid"}};
+  auto arity = [&](size_t n) {
+    if (a.size() != n) throw NotSupported("'" + fn + "' with " + std::to_string(a.size()) + " arguments");
+  };
+  if (auto it = infix.find(fn); it != infix.end()) {
+    arity(2);
+    return "(" + a[0] + " " + it->second + " " + a[1] + ")";
+  }
+  if (auto it = compare.find(fn); it != compare.end()) {
+    arity(2);
+    return "(" + a[0] + " " + it->second + " " + a[1] + " ? 1.0f : 0.0f)";
+  }
+  if (auto it = unary.find(fn); it != unary.end()) {
+    arity(1);
+    return it->second + "(" + a[0] + ")";
+  }
+  if (fn == "minimum" || fn == "maximum") {
+    arity(2);
+    return "fact_" + fn + "(" + a[0] + ", " + a[1] + ")";
+  }
+  if (fn == "pow") {
+    arity(2);
+    return "powf(" + a[0] + ", " + a[1] + ")";
+  }
+  if (fn == "where") {
+    arity(3);
+    return "(" + a[0] + " != 0.0f ? " + a[1] + " : " + a[2] + ")";
+  }
+  arity(1);
+  const std::string x = a[0];
+  if (fn == "logical_not") return "(" + x + " == 0.0f ? 1.0f : 0.0f)";
+  if (fn == "neg") return "(-" + x + ")";
+  if (fn == "reciprocal") return "(1.0f / " + x + ")";
+  if (fn == "square") return "(" + x + " * " + x + ")";
+  if (fn == "leaky_relu") return "fact_leaky_relu(" + x + ", " + literal(param(e, 0, 0.01)) + ")";
+  if (fn == "hardtanh") {
+    return "fact_clamp(" + x + ", " + literal(param(e, 0, -1)) + ", " + literal(param(e, 1, 1)) + ")";
+  }
+  if (fn == "clamp") {
+    return "fact_clamp(" + x + ", " + literal(param(e, 0, -INFINITY)) + ", " + literal(param(e, 1, INFINITY)) + ")";
+  }
+  if (fn == "softplus") {
+    return "fact_softplus(" + x + ", " + literal(param(e, 0, 1)) + ", " + literal(param(e, 1, 20)) + ")";
+  }
+  if (fn == "elu") {
+    return "fact_elu(" + x + ", " + literal(param(e, 0, 1)) + ", " + literal(param(e, 1, 1)) + ", " +
+           literal(param(e, 2, 1)) + ")";
+  }
+  if (fn == "cast") {
+    const std::string to = e.value("dtype", "f32");
+    if (to == "f32" || to == "f64") return x;
+    if (to == "bool") return "(" + x + " != 0.0f ? 1.0f : 0.0f)";
+    return "round_to<" + cuda_type(to) + ">(" + x + ")";
+  }
+  throw NotSupported("'" + fn + "' has no pointwise kernel code");
+}
+
+// Writes the kernel body: values are float[kVec] arrays (or scalars, for constants), emitted
+// on first use at a last-dim offset; a concatenation's branches get their own scopes.
+class BodyWriter {
+ public:
+  explicit BodyWriter(const json& ssa) : ssa_(ssa) {}
+
+  std::string body(int root) {
+    scopes_.emplace_back();
+    for (size_t i = 0; i < ssa_.size(); ++i) {
+      if (ssa_[i].at("op") == "operand") {
+        const int k = ssa_[i].at("index");
+        max_input_ = std::max(max_input_, k);
+      }
+    }
+    const Value r = emit(root, 0);
+    line("Pack<TOut> o;");
+    line("#pragma unroll");
+    line("for (int j = 0; j < kVec; ++j) o.v[j] = from_float<TOut>(" + r.at("j") + ");");
+    line("reinterpret_cast<Pack<TOut>*>(a.out)[v] = o;");
+    return os_.str();
+  }
+
+ private:
+  struct Value {
+    std::string name;
+    bool scalar = false;
+    std::string at(const std::string& j) const { return scalar ? name : name + "[" + j + "]"; }
+  };
+
+  void line(const std::string& s) {
+    const bool pragma = s.rfind("#", 0) == 0;
+    os_ << (pragma ? "" : std::string(static_cast<size_t>(2 * indent_), ' ')) << s << "\n";
+  }
+  static std::string col(int64_t off) {
+    return off == 0 ? "c" : off > 0 ? "c + " + std::to_string(off) : "c - " + std::to_string(-off);
+  }
+  std::string fresh() { return "v" + std::to_string(next_++); }
+
+  const Value* find(int id, int64_t off) const {
+    for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s) {
+      auto it = s->find({id, off});
+      if (it != s->end()) return &it->second;
+    }
+    return nullptr;
+  }
+
+  Value emit(int id, int64_t off) {
+    if (const Value* v = find(id, off)) return *v;
+    const json& e = ssa_.at(static_cast<size_t>(id));
+    const std::string op = e.at("op");
+    Value out;
+    if (op == "constant") {
+      out = {literal(param(json{{"params", json::array({e.at("value")})}}, 0, 0)), true};
+      return out;  // inline, never stored
+    }
+    if (op == "acc") throw NotSupported("a pointwise expression has no accumulator");
+    if (op == "slice_last") return emit(e.at("args").at(0), off + static_cast<int64_t>(param(e, 0, 0)));
+    if (op == "operand") {
+      const int k = e.at("index");
+      out.name = fresh();
+      line("float " + out.name + "[kVec];");
+      line("load(in" + std::to_string(k) + ", base[" + std::to_string(k) + "], " + col(off) + ", a.strides[" +
+           std::to_string(k) + "][a.rank - 1], " + out.name + ");");
+    } else if (op == "cat_last") {
+      out.name = fresh();
+      line("float " + out.name + "[kVec];");
+      const auto args = e.at("args");
+      int64_t start = 0;
+      for (size_t i = 0; i < args.size(); ++i) {
+        const int64_t size = static_cast<int64_t>(param(e, i, 0));
+        const bool last = i + 1 == args.size();
+        const std::string head = i == 0 ? "if" : "} else if";
+        line(last ? (i == 0 ? "{" : "} else {") : head + " (" + col(off) + " < " + std::to_string(start + size) + ") {");
+        ++indent_;
+        scopes_.emplace_back();
+        const Value part = emit(args[i], off - start);
+        line("#pragma unroll");
+        line("for (int j = 0; j < kVec; ++j) " + out.name + "[j] = " + part.at("j") + ";");
+        scopes_.pop_back();
+        --indent_;
+        start += size;
+      }
+      line("}");
+    } else {
+      std::vector<Value> args;
+      for (const auto& a : e.at("args")) args.push_back(emit(a, off));
+      const bool scalar = std::all_of(args.begin(), args.end(), [](const Value& v) { return v.scalar; });
+      std::vector<std::string> at;
+      for (const auto& v : args) at.push_back(v.at("j"));
+      const std::string code = call(e, at);
+      out.name = fresh();
+      if (scalar) {
+        out.scalar = true;
+        line("const float " + out.name + " = " + code + ";");
+      } else {
+        line("float " + out.name + "[kVec];");
+        line("#pragma unroll");
+        line("for (int j = 0; j < kVec; ++j) " + out.name + "[j] = " + code + ";");
+      }
+    }
+    scopes_.back()[{id, off}] = out;
+    return out;
+  }
+
+  const json& ssa_;
+  std::ostringstream os_;
+  int indent_ = 1;
+  int next_ = 0;
+  int max_input_ = -1;
+  std::vector<std::map<std::pair<int, int64_t>, Value>> scopes_;
+};
+
+}  // namespace
+
+PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
+  if (p.at("family") != "pointwise") throw NotSupported("not a pointwise pattern");
+  PointwiseSpec s;
+  s.ssa = p.at("epilogue_expr").at("ssa");
+  s.text = p.at("epilogue_expr").value("text", "");
+  for (const auto& o : p.at("operands")) {
+    const std::string type = o.value("type", "");
+    s.inputs.push_back(type.substr(0, type.find('[')));
+    cuda_type(s.inputs.back());
+  }
+  if (s.inputs.size() > 16) throw NotSupported("more than 16 inputs");
+  const auto& a = p.at("attrs");
+  s.dtype_out = a.at("dtype_out");
+  if (s.dtype_out == "bool") throw NotSupported("a boolean output");
+  cuda_type(s.dtype_out);
+  s.rank = static_cast<int>(a.at("shape").size());
+  if (s.rank < 1 || s.rank > 8) throw NotSupported("rank " + std::to_string(s.rank) + " (1 to 8 supported)");
+  s.cols = p.at("problem").at("cols").get<int64_t>();
+  if (s.cols <= 0) throw NotSupported("an empty last dim");
+  if (s.ssa.empty()) throw NotSupported("an empty expression");
+  // 16 bytes of output per thread, narrowed until it divides the last dim and every slice
+  // start and concatenation boundary (so no vector straddles one).
+  int64_t vec = 16 / dtype_bytes(s.dtype_out);
+  vec = std::gcd(vec, s.cols);
+  for (const auto& e : s.ssa) {
+    const std::string op = e.at("op");
+    if (op == "operand" && (e.at("index").get<int>() < 0 || e.at("index").get<size_t>() >= s.inputs.size())) {
+      throw NotSupported("an operand index out of range");
+    }
+    if (op == "slice_last" || op == "cat_last") {
+      for (size_t i = 0; i < e.value("params", json::array()).size(); ++i) {
+        vec = std::gcd(vec, static_cast<int64_t>(param(e, i, 0)));
+      }
+    }
+  }
+  s.vec = static_cast<int>(std::max<int64_t>(vec, 1));
+  // Every function must have kernel code: emit once to find out.
+  BodyWriter(s.ssa).body(static_cast<int>(s.ssa.size()) - 1);
+  return s;
+}
+
+std::string PointwiseSpec::id() const {
+  return short_hash(json({ssa, inputs, dtype_out, cols, rank, vec}).dump());
+}
+
+std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec&) { return {{128}, {256}, {512}}; }
+
+EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c) {
+  FACT_CHECK(c.threads % 32 == 0 && c.threads <= 1024 && c.threads > 0, "bad pointwise config " + c.name());
+  EmittedKernel k;
+  k.name = "fact_pointwise_" + spec.dtype_out + "_" + spec.id() + "_" + c.name();
+  const json info = {{"family", "pointwise"}, {"inputs", spec.inputs}, {"dtype_out", spec.dtype_out},
+                     {"cols", spec.cols},     {"rank", spec.rank},     {"vec", spec.vec},
+                     {"expression", spec.text}, {"config", c.to_json()}};
+  std::string decls;
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    decls += "  const auto* __restrict__ in" + std::to_string(i) + " = static_cast<const " + cuda_type(spec.inputs[i]) +
+             "*>(a.inputs[" + std::to_string(i) + "]);\n";
+  }
+  std::string text = spec.text;
+  for (char& ch : text) ch = ch == '\n' ? ' ' : ch;
+  std::map<std::string, std::string> vars = {
+      {"description", "pointwise region, " + std::to_string(spec.inputs.size()) + " input(s) -> " + spec.dtype_out},
+      {"kernel_name", k.name},
+      {"kernel_info", info.dump()},
+      {"expression", text},
+      {"t_out", cuda_type(spec.dtype_out)},
+      {"cols", std::to_string(spec.cols)},
+      {"vec", std::to_string(spec.vec)},
+      {"inputs", std::to_string(spec.inputs.size())},
+      {"threads", std::to_string(c.threads)},
+      {"body", decls + BodyWriter(spec.ssa).body(static_cast<int>(spec.ssa.size()) - 1)},
+  };
+  k.source = substitute(templates::kPointwise, vars);
+  return k;
+}
+
+const char* pointwise_abi_header_text() { return templates::kPointwiseAbiHeader; }
+
+}  // namespace fact::realize

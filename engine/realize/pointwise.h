@@ -1,0 +1,48 @@
+// Emission for pointwise regions (discover/rule_pointwise.cpp): a plan pattern of family
+// `pointwise` -> one CUDA C++ kernel per block width, exporting the C ABI in
+// abi/fact_pointwise_abi.h. Memory-bound: each thread computes one 16-byte vector of the last
+// dim; no CUTLASS collective is involved.
+//
+// The expression is the pattern's SSA over its operands (see discover/expr.h) plus two index
+// functions of the last dim: slice_last [start, length] reads its argument at coordinate
+// c + start, and cat_last [size0, size1, ...] reads argument i at c - (size0 + ... + size(i-1))
+// for c in its range. They are compiled by shifting operand loads, so a region never
+// materialises a slice or a concatenation; a concatenation is a branch that is uniform across
+// a thread's vector (the vector width divides every boundary).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "realize/emit.h"
+
+namespace fact::realize {
+
+struct PointwiseSpec {
+  nlohmann::json ssa;                // the expression (epilogue_expr.ssa)
+  std::string text;                  // its readable form
+  std::vector<std::string> inputs;   // dtype per operand: bf16 | f16 | f32 | bool
+  std::string dtype_out;             // bf16 | f16 | f32
+  int64_t cols = 0;                  // the last dim
+  int rank = 0;                      // of the output, as traced
+  int vec = 1;                       // elements per thread: 16 bytes of output, dividing every boundary
+
+  static PointwiseSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be
+  std::string id() const;
+};
+
+struct PointwiseConfig {
+  int threads = 256;  // per block
+  std::string name() const { return "t" + std::to_string(threads); }
+  nlohmann::json to_json() const { return {{"name", name()}, {"threads", threads}}; }
+};
+
+std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec& spec);
+
+EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& config);
+
+// The pointwise ABI header generated kernels include (next to abi_header_text()'s).
+const char* pointwise_abi_header_text();
+
+}  // namespace fact::realize
