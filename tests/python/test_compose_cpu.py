@@ -1127,6 +1127,42 @@ def test_gated_mlp_runs_as_up_projection_plus_a_fused_gate_gemm(engine_available
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+def test_gated_mlp_runs_as_two_library_gemms_plus_a_pointwise_tail(engine_available, tmp_path):
+    """The plan's `tail` form: both projections stay PyTorch's GEMMs, and silu(gate) * up is one
+    fact::pointwise call instead of silu then mul."""
+    from fact.compose.impls import GatedTailImpl
+
+    torch.manual_seed(25)
+    model, x = GatedMLP().eval(), torch.randn(2, 16, 64)
+    plan = fact.discover(model, [x])
+    (gated,) = [p for p in plan["patterns"] if p["family"] == "gated_mlp"]
+    tail = gated["tail"]
+    assert (tail["family"], tail["rule"]) == ("pointwise", "gated_mlp_tail")
+    assert tail["epilogue_expr"]["text"] == "silu(gate) * up"
+    assert [(o["role"], o["node"]) for o in tail["operands"]] == [
+        ("in0", gated["attrs"]["gate"]), ("in1", gated["attrs"]["up"])]  # fmt: skip
+    assert tail["signature"] == "pointwise[silu+mul]:f32->f32"
+
+    def impls(index, pattern):
+        if pattern["family"] == "gated_mlp":
+            return [GatedTailImpl(pattern, "reference", label="tail")]
+        return reference_twins(index, pattern)
+
+    opt = fact.optimize(model, [x], implementations=impls, require_faster=False, use_cache=False,
+                        run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    chosen = {p["family"]: p["chosen"] for p in opt.report["patterns"]}
+    assert chosen["gated_mlp"] == "reference:tail", opt.report["patterns"]
+    gm = opt.graph_module
+    assert aten.silu.default not in targets(gm)
+    assert len(calls(gm, aten.linear.default)) == 2  # both projections: library GEMMs
+    assert len(calls(gm, torch.ops.fact.pointwise.default)) == 1
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+    # A pattern without a tail (or not gated) is not this implementation's.
+    with pytest.raises(NotSupportedError):
+        GatedTailImpl({k: v for k, v in gated.items() if k != "tail"}, "reference")
+
+
 # ---------------------------------------------------------------------------------------------
 # 13. Generated attention: fact::attention and AttentionImpl (reference backend on CPU)
 

@@ -20,6 +20,8 @@ import fact
 from attention_modules import GqaAttention, HandWrittenAttention
 from fact.compose.impls import run_cublaslt_pattern, run_gemm_pattern
 from fact.compose.optimize import rel_err
+from fact.errors import FactError
+from pointwise_modules import RopeProjection, apply_rope, rope_tables
 
 pytestmark = [
     pytest.mark.gpu,
@@ -267,3 +269,124 @@ def test_fact_attention_op_runs_a_generated_kernel(attention_optimized):
         q, k, v, is_causal=entry.causal, scale=entry.scale, enable_gqa=hkv != h
     )
     assert rel_err(replayed, expected.double()) < 2e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise regions: generated kernels through fact::pointwise (Llama's RoPE)
+
+
+@pytest.fixture(scope="module")
+def rope_optimized(tmp_path_factory):
+    """RoPE on Q (8 heads of 128) and K (2 heads) straight from their projections, bf16."""
+    torch.manual_seed(3)
+    model = RopeProjection(width=1024, heads=8, kv_heads=2, seq=512)
+    model = model.cuda().to(torch.bfloat16).eval()
+    x = torch.randn(4, 512, 1024, device="cuda", dtype=torch.bfloat16)
+    run = tmp_path_factory.mktemp("rope")
+    os.environ.setdefault("FACT_CACHE_DIR", str(run / "cache"))
+    opt = fact.optimize(
+        model,
+        [x],
+        candidates=2,
+        run_dir=run / "run",
+        quiet=True,
+        require_faster=False,
+        use_cache=False,
+    )
+    return model, x, opt, run / "run"
+
+
+def _pointwise_decisions(opt) -> list[dict]:
+    found = [p for p in opt.report["patterns"] if p["family"] == "pointwise"]
+    assert len(found) == 2, opt.report["patterns"]  # RoPE on Q, RoPE on K
+    return found
+
+
+def test_generated_pointwise_kernels_are_verified_in_context(rope_optimized):
+    """Realize built pointwise kernels for both RoPE regions; tuning left them untimed (like
+    norms) and the composer checked every one against the original subgraph on the module's
+    own values. Whether one is chosen depends on speed: assert verification, not speed."""
+    model, x, opt, _ = rope_optimized
+    for p in _pointwise_decisions(opt):
+        assert p["tuning"] and all(r["source"] == "realize" for r in p["tuning"]), p
+        generated = [c for c in p["candidates"] if c["impl"].startswith("generated:")]
+        assert len(generated) == len(p["tuning"]), p["candidates"]
+        for c in generated:
+            assert c["kind"] == "generated"
+            assert c["ok"] and c["error"] < 2e-2 and c["time_us"] > 0, c
+        if p["chosen"].startswith("generated:"):
+            assert p["time_us"] <= min(c["time_us"] for c in p["candidates"] if c["ok"])
+        else:
+            assert p["chosen"] == "pytorch" and p["reason"], p
+    if any(p["chosen"].startswith("generated:") for p in _pointwise_decisions(opt)):
+        assert _calls(opt, torch.ops.fact.pointwise.default), opt.graph_module.code
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        got, want = opt(y), model(y)
+    assert rel_err(got, want) < 2e-2
+    for g, w in zip(got, want, strict=True):
+        assert g.stride() == w.stride()  # (b, s, h, d) in memory, as eager leaves it
+    assert opt.report["verification"]["passed"]
+
+
+def test_rope_module_replays_in_a_cuda_graph(rope_optimized):
+    model, x, opt, _ = rope_optimized
+    y = torch.randn_like(x)
+    saved = opt.cuda_graphs
+    try:
+        opt.cuda_graphs = True
+        first = opt(y)
+        second = opt(y * 2)  # outputs are cloned out of the graph: `first` must survive
+        opt.cuda_graphs = False
+        plain = opt(y)
+    finally:
+        opt.cuda_graphs = saved
+    for f, p, s in zip(first, plain, second, strict=True):
+        assert torch.equal(f, p)
+        assert not torch.equal(f, s)
+
+
+def test_fact_pointwise_op_runs_a_generated_kernel(rope_optimized):
+    """One of the run's pointwise kernels, straight through fact::pointwise: q a transposed
+    view read in place, cos and sin [S, D] broadcast, the output laid out like eager's; the
+    same values as the PyTorch formula; and it records into a CUDA graph."""
+    from fact.compose.optimize import generated_impl
+
+    model, x, opt, run = rope_optimized
+    p = _pointwise_decisions(opt)[0]
+    plan = json.loads((run / "plan.json").read_text())
+    pattern = plan["patterns"][p["index"]]
+    manifest = json.loads((run / "manifest.json").read_text())
+    libraries = [
+        e["library"] for e in manifest if e.get("pattern_index") == p["index"] and e.get("library")
+    ]
+    assert libraries, "realize built no pointwise kernel"
+    library = libraries[0] if os.path.isabs(libraries[0]) else str(run / libraries[0])
+    impl = generated_impl(pattern, library, {})
+    b, h, s, d = pattern["attrs"]["shape"]
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = (t.cuda().to(torch.bfloat16) for t in rope_tables(s, d))
+    expected = apply_rope(q.double(), cos.double(), sin.double())
+    eager = apply_rope(q, cos, sin)
+    out = torch.ops.fact.pointwise([q, cos, sin], impl.handle, list(q.shape), list(eager.stride()))
+    assert out.stride() == eager.stride() == (s * h * d, d, h * d, 1)
+    assert rel_err(out, expected) < 1e-2
+    # a contiguous q into a contiguous output: another dim order, the same function
+    qc = q.contiguous()
+    contiguous = torch.ops.fact.pointwise(
+        [qc, cos, sin], impl.handle, list(q.shape), list(qc.stride())
+    )
+    assert contiguous.is_contiguous() and torch.equal(contiguous, out)
+    with pytest.raises(FactError, match=r"in1 is torch.float32 on cuda:0, the kernel reads"):
+        torch.ops.fact.pointwise(
+            [q, cos.float(), sin], impl.handle, list(q.shape), list(eager.stride())
+        )
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = torch.ops.fact.pointwise(
+            [q, cos, sin], impl.handle, list(q.shape), list(eager.stride())
+        )
+    q.mul_(0.5)  # new values in place: the replay reads them
+    graph.replay()
+    expected = apply_rope(q.double(), cos.double(), sin.double())
+    assert rel_err(replayed, expected) < 1e-2

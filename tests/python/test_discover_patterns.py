@@ -130,6 +130,7 @@ LLAMA_COMMON = {
     ("gemm", ("residual",)): 2,
     ("horizontal_gemm", ()): 1,
     ("attention", ("scale", "causal_mask", "softmax")): 1,
+    ("pointwise", ("mul", "slice", "slice", "neg", "cat", "mul", "add")): 2,  # RoPE on Q and K
 }
 ROPE = {"mul_2", "neg", "cat", "mul_3", "add_1", "mul_4", "neg_1", "cat_1", "mul_5", "add_2"}
 
@@ -142,10 +143,22 @@ def test_llama3_block(engine_available, tmp_path, dtype, attention):
     plan, graph = plan_for(model, inputs, dtype, tmp_path)
     assert found(plan) == Counter(LLAMA_COMMON)
     assert_nothing_dropped(plan, graph)
-    # RoPE is not a pattern yet: it runs in PyTorch, listed by name.
-    assert {n["name"] for n in plan["pytorch_nodes"]} == ROPE
     attn = only(plan, "attention")
     heads, kv, seq, dim = (32, 8, 2048, 128) if full else (8, 2, 64, 32)
+    # RoPE on Q and K: one pointwise region each, reading the transposed projections in place
+    # and writing (b, h, s, d) laid out (b, s, h, d), as eager does; nothing is left to PyTorch.
+    assert plan["pytorch_nodes"] == []
+    ropes = sorted(
+        (p for p in plan["patterns"] if p["family"] == "pointwise"), key=lambda p: p["output"]
+    )
+    assert ROPE <= {n for p in ropes for n in p["nodes"]}
+    assert [p["operands"][0]["node"] for p in ropes] == ["transpose", "transpose_1"]
+    batch = attn["problem"]["batch"]
+    for p, h in zip(ropes, (heads, kv), strict=True):
+        assert [o["role"] for o in p["operands"]] == ["in0", "in1", "in2"]
+        assert p["attrs"]["shape"] == [batch, h, seq, dim]
+        assert p["attrs"]["strides"] == [seq * h * dim, dim, h * dim, 1]
+        assert p["problem"]["cols"] == dim
     assert attn["problem"]["heads"] == heads and attn["problem"]["kv_heads"] == kv
     assert attn["problem"]["seq_q"] == seq and attn["problem"]["head_dim"] == dim
     assert attn["attrs"]["causal"] is True

@@ -379,7 +379,7 @@ def _declared_fields(header: str, name: str) -> list[str]:
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S).split("{", 1)[1]
     declared = []
     for decl in filter(None, (d.strip() for d in body.split(";"))):
-        names = re.sub(r"^(const\s+)?(int64_t|int|void|float|double)\s*\*?", "", decl)
+        names = re.sub(r"^(const\s+)?(int64_t|int32_t|int|void|float|double)\s*\*?", "", decl)
         declared += [re.sub(r"\[.*\]", "", n).strip() for n in names.split(",")]
     return declared
 
@@ -391,8 +391,9 @@ def _declared_fields(header: str, name: str) -> list[str]:
         (FactGemmArgs, "fact_gemm_abi.h"),
         (abi.FactNormArgs, "fact_norm_abi.h"),
         (FactAttentionArgs, "fact_attention_abi.h"),
+        (abi.FactPointwiseArgs, "fact_pointwise_abi.h"),
     ],
-    ids=["gemm", "norm", "attention"],
+    ids=["gemm", "norm", "attention", "pointwise"],
 )
 def test_args_layout_matches_header(tmp_path, struct, header):
     extra = ""
@@ -401,6 +402,10 @@ def test_args_layout_matches_header(tmp_path, struct, header):
   printf("\\"sizeof_operands\\": %zu,\\n", sizeof(((FactGemmArgs*)0)->operands));
   printf("\\"max_operands\\": %d,\\n", FACT_MAX_EPILOGUE_OPERANDS);
   printf("\\"version\\": %d,\\n", FACT_ABI_VERSION);"""
+    if struct is abi.FactPointwiseArgs:
+        extra = """
+  printf("\\"max_rank\\": %d,\\n", FACT_POINTWISE_MAX_RANK);
+  printf("\\"max_inputs\\": %d,\\n", FACT_POINTWISE_MAX_INPUTS);"""
     c = _c_layout(tmp_path, struct, header, extra)
     fields = [name for name, _ in struct._fields_]
     assert c["sizeof"] == ctypes.sizeof(struct)
@@ -413,6 +418,9 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
         assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
         assert c["version"] == abi.FACT_ABI_VERSION == 1
+    if struct is abi.FactPointwiseArgs:
+        assert c["max_rank"] == abi.FACT_POINTWISE_MAX_RANK == 8
+        assert c["max_inputs"] == abi.FACT_POINTWISE_MAX_INPUTS == 16
 
 
 @needs_gcc

@@ -6,7 +6,12 @@
                     through fact::attention, for hand-written attention and SDPA calls alike
   SdpaAttention     PyTorch's fused scaled_dot_product_attention, a library kernel, for
                     hand-written attention (Q, K, V read in place from the graph's views)
+  NormImpl          a generated row-norm kernel or its reference twin, through fact::norm
   RmsNormLibrary    PyTorch's rms_norm for a hand-written RMSNorm
+  PointwiseImpl     a generated pointwise kernel (a region of elementwise ops, e.g. RoPE) or
+                    its reference twin, through fact::pointwise
+  GatedTailImpl     a gated MLP as two library GEMMs and its act(gate) * up in one pointwise
+                    kernel
   CublasLtGemm      a linear layer with bias+GELU/ReLU or a residual fused by cuBLASLt
 
 The original PyTorch subgraph is always the fallback: the composer keeps it unless an
@@ -26,12 +31,14 @@ from fact.compose.ops import (
     AttentionKernel,
     GemmKernel,
     NormKernel,
+    PointwiseKernel,
     kernel_entry,
     register_kernel,
 )
 from fact.compose.program import Region
 from fact.errors import FactError
-from fact.tune.reference import GemmSpec, NotSupportedError, gemm_spec, torch_dtype
+from fact.tune.abi import FACT_POINTWISE_MAX_INPUTS, FACT_POINTWISE_MAX_RANK
+from fact.tune.reference import GemmSpec, NotSupportedError, gemm_spec, parse_type, torch_dtype
 
 aten = torch.ops.aten
 
@@ -228,6 +235,17 @@ class CublasLtGemm(Impl):
         )
 
 
+def _gated_input(reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+    """A gated MLP's input x, after checking its two projections are bias-free linear layers
+    (what both gated forms rebuild)."""
+    anchors = [n for n in reg.nodes if n.name in (pattern.get("anchors") or [])]
+    if len(anchors) != 2 or any(n.target not in _LINEAR for n in anchors):
+        raise NotSupportedError("gated MLP projections that are not linear layers")
+    if any(len(n.args) > 2 and n.args[2] is not None for n in anchors):
+        raise NotSupportedError("gated MLP projections with a bias")
+    return role_input(reg, pattern, "a")
+
+
 class GatedGemmImpl(GemmImpl):
     """A gated MLP, act(x W_gate^T) * (x W_up^T), as PyTorch's up projection plus one
     generated gate GEMM whose epilogue computes act(acc) * up (the plan's "lowered" pattern):
@@ -243,12 +261,7 @@ class GatedGemmImpl(GemmImpl):
         self.detail["lowered"] = lowered.get("signature")
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
-        anchors = [n for n in reg.nodes if n.name in (pattern.get("anchors") or [])]
-        if len(anchors) != 2 or any(n.target not in _LINEAR for n in anchors):
-            raise NotSupportedError("gated MLP projections that are not linear layers")
-        if any(len(n.args) > 2 and n.args[2] is not None for n in anchors):
-            raise NotSupportedError("gated MLP projections with a bias")
-        x = role_input(reg, pattern, "a")
+        x = _gated_input(reg, pattern)
         up = graph.call_function(aten.linear.default, (x, role_input(reg, pattern, "b_up")))
         out_shape = list(reg.output.meta["val"].shape)
         return graph.call_function(
@@ -610,6 +623,144 @@ class NormImpl(Impl):
         weight = role_input(reg, pattern, "weight", required=False)
         bias = role_input(reg, pattern, "bias", required=False)
         return graph.call_function(run_norm_pattern, (x, weight, bias), {"kernel": self.handle})
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise regions
+
+
+class PointwiseImpl(Impl):
+    """A generated pointwise kernel (backend cutlass: a library built by realize) or its
+    PyTorch twin (backend reference), through fact::pointwise: a region of elementwise ops left
+    over by the other patterns (Llama's RoPE, q * cos + rotate_half(q) * sin) in one pass.
+    Inputs are read in place (strided views, broadcasts); the output is laid out like eager's
+    (the traced strides), so what reads it next sees the same tensor."""
+
+    def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
+        if pattern.get("family") != "pointwise":
+            raise NotSupportedError(f"{pattern.get('family')} is not pointwise")
+        sig = pattern.get("signature")
+        ssa = list((pattern.get("epilogue_expr") or {}).get("ssa") or [])
+        if not ssa:
+            raise NotSupportedError(f"pointwise pattern {sig} has no epilogue_expr")
+        if any(e.get("op") == "acc" for e in ssa):
+            raise NotSupportedError(f"pointwise pattern {sig} reads an accumulator")
+        operands = list(pattern.get("operands") or [])
+        roles = [o.get("role") for o in operands]
+        if roles != [f"in{i}" for i in range(len(operands))]:
+            raise FactError(f"pointwise pattern {sig}: operand roles {roles}, not in0..inN-1")
+        if not 1 <= len(operands) <= FACT_POINTWISE_MAX_INPUTS:
+            raise NotSupportedError(
+                f"pointwise pattern {sig} reads {len(operands)} inputs; its kernels read 1 to "
+                f"{FACT_POINTWISE_MAX_INPUTS}"
+            )
+        attrs = pattern.get("attrs") or {}
+        self.shape = [int(d) for d in attrs["shape"]] if attrs.get("shape") is not None else None
+        if self.shape is not None and len(self.shape) > FACT_POINTWISE_MAX_RANK:
+            raise NotSupportedError(
+                f"pointwise pattern {sig} has a rank-{len(self.shape)} output; its kernels "
+                f"handle up to {FACT_POINTWISE_MAX_RANK} dims"
+            )
+        dtypes = [parse_type(o.get("type", ""))[0] for o in operands]
+        dtype_out = attrs.get("dtype_out")
+        if not dtype_out:
+            raise FactError(f"pointwise pattern {sig}: attrs lack 'dtype_out'")
+        problem = pattern.get("problem") or {}
+        cols = int(problem.get("cols") or (self.shape[-1] if self.shape else 1))
+        if backend == "cutlass":
+            _check_pointwise_library(library, label, dtypes, dtype_out, cols, self.shape)
+        entry = PointwiseKernel(
+            ssa,
+            [torch_dtype(d) for d in dtypes],
+            torch_dtype(dtype_out),
+            cols,
+            backend,
+            library,
+            label,
+        )
+        self.n_inputs = len(operands)
+        self.handle = register_kernel(entry)
+        name = f"generated:{label}" if backend == "cutlass" else f"reference:{label or 'pointwise'}"
+        super().__init__(name, "generated", {"backend": backend})
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        entry = kernel_entry(self.handle)
+        inputs = [role_input(reg, pattern, f"in{i}") for i in range(self.n_inputs)]
+        for i, (node, dtype) in enumerate(zip(inputs, entry.inputs, strict=True)):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype != dtype:
+                raise NotSupportedError(
+                    f"{node.name} (in{i}) is {val.dtype}, the pointwise kernel reads {dtype}"
+                )
+        val = reg.output.meta["val"]
+        where = f"the pointwise region's output {reg.output.name}"
+        if val.dtype != entry.out_dtype:
+            raise NotSupportedError(f"{where} is {val.dtype}, the kernel writes {entry.out_dtype}")
+        shape = list(val.shape)
+        if self.shape is not None and shape != self.shape:
+            raise NotSupportedError(f"{where} is shaped {shape}, the plan says {self.shape}")
+        if len(shape) > FACT_POINTWISE_MAX_RANK or (shape and shape[-1] != entry.cols):
+            raise NotSupportedError(
+                f"{where} is shaped {shape}; the kernel writes {entry.cols} columns and at most "
+                f"{FACT_POINTWISE_MAX_RANK} dims"
+            )
+        return graph.call_function(
+            torch.ops.fact.pointwise.default, (inputs, self.handle, shape, list(val.stride()))
+        )
+
+
+class GatedTailImpl(PointwiseImpl):
+    """A gated MLP, act(x W_gate^T) * (x W_up^T), as PyTorch's two projections (library GEMMs)
+    and one generated pointwise kernel for act(gate) * up (the plan's "tail"): the activation
+    and the product in one pass over the two projections instead of two passes."""
+
+    def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
+        tail = pattern.get("tail")
+        if pattern.get("family") != "gated_mlp" or not tail:
+            raise NotSupportedError("not a gated MLP with a pointwise tail")
+        super().__init__(tail, backend, library, label)
+        self.detail["form"] = "tail"
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        x = _gated_input(reg, pattern)
+        gate = graph.call_function(aten.linear.default, (x, role_input(reg, pattern, "b_gate")))
+        up = graph.call_function(aten.linear.default, (x, role_input(reg, pattern, "b_up")))
+        val = reg.output.meta["val"]
+        entry = kernel_entry(self.handle)
+        if val.dtype != entry.out_dtype or (val.dim() and val.shape[-1] != entry.cols):
+            raise NotSupportedError(
+                f"the gated MLP's output {reg.output.name} is {val.dtype} {list(val.shape)}; the "
+                f"tail kernel writes {entry.out_dtype} with {entry.cols} columns"
+            )
+        return graph.call_function(
+            torch.ops.fact.pointwise.default,
+            ([gate, up], self.handle, list(val.shape), list(val.stride())),
+        )
+
+
+def _check_pointwise_library(
+    library, label: str, dtypes: list[str], dtype_out: str, cols: int, shape: list[int] | None
+) -> None:
+    """NotSupportedError unless a generated library computes this pattern's signature of
+    dtypes, columns and rank (what fact_kernel_info() says)."""
+    info = library.info if library is not None else {}
+    name = label or (library.name if library is not None else "pointwise")
+    if info.get("family", "pointwise") != "pointwise":
+        raise NotSupportedError(f"{name} is a {info.get('family')} kernel")
+    if "inputs" in info and list(info["inputs"]) != dtypes:
+        raise NotSupportedError(f"{name} reads {info['inputs']}; the pattern's inputs are {dtypes}")
+    if info.get("dtype_out", dtype_out) != dtype_out:
+        raise NotSupportedError(
+            f"{name} writes {info['dtype_out']}; the pattern writes {dtype_out}"
+        )
+    if info.get("cols") is not None and int(info["cols"]) != cols:
+        raise NotSupportedError(
+            f"{name} writes {info['cols']} columns; the pattern's output has {cols}"
+        )
+    if info.get("rank") is not None and shape is not None and int(info["rank"]) != len(shape):
+        raise NotSupportedError(
+            f"{name} is built for rank {info['rank']}; the pattern's output has rank {len(shape)}"
+        )
 
 
 def library_impls(pattern: Mapping[str, Any], device: torch.device | None = None) -> list[Impl]:

@@ -1,32 +1,40 @@
-"""`fact::gemm`, `fact::norm` and `fact::attention`, the torch custom ops through which a composed
-module calls generated kernels.
+"""`fact::gemm`, `fact::norm`, `fact::attention` and `fact::pointwise`, the torch custom ops
+through which a composed module calls generated kernels.
 
 The op is registered with torch.library, so the composed module traces under torch.compile and
 records into CUDA graphs: it allocates its output (and any workspace) from PyTorch's caching
 allocator and launches on PyTorch's current stream through the kernel's C ABI
-(engine/realize/abi/fact_gemm_abi.h; fact_norm_abi.h and fact_attention_abi.h for the other
-families).
+(engine/realize/abi/fact_gemm_abi.h; fact_norm_abi.h, fact_attention_abi.h and
+fact_pointwise_abi.h for the other families).
 
 A kernel is named in the graph by an integer handle into this process's kernel table; the entry
 holds the loaded library, the pattern's GEMM spec (layouts, epilogue operands) and the launch
 knobs tuning picked. Entries with backend "reference" compute the same function with PyTorch ops
-(matmul, then the epilogue expression; the attention math): the composer's tests use them where
-there is no GPU.
+(matmul, then the epilogue expression; the attention math; a pointwise region's expression): the
+composer's tests use them where there is no GPU.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fact.errors import FactError
-from fact.tune.abi import FactNormArgs, KernelLibrary, Status
+from fact.tune.abi import (
+    FACT_POINTWISE_MAX_INPUTS,
+    FACT_POINTWISE_MAX_RANK,
+    FactNormArgs,
+    FactPointwiseArgs,
+    KernelLibrary,
+    Status,
+)
 from fact.tune.inputs import GemmInputs, gemm_args
-from fact.tune.reference import GemmSpec, pytorch_candidate, torch_dtype
+from fact.tune.reference import GemmSpec, eval_pointwise, pytorch_candidate, torch_dtype
 
 BACKENDS = ("cutlass", "reference")
 
@@ -76,7 +84,22 @@ class AttentionKernel:
     out_layout: str = "bs(hd)"
 
 
-KernelEntry = GemmKernel | NormKernel | AttentionKernel
+@dataclass
+class PointwiseKernel:
+    """A generated pointwise kernel (abi/fact_pointwise_abi.h: a region of elementwise ops, with
+    broadcasting and slices and concatenations along the last dim, in one pass), or its PyTorch
+    twin (backend reference), which evaluates the region's SSA."""
+
+    ssa: list[dict[str, Any]]  # the plan's epilogue_expr.ssa: operands and constants, no acc
+    inputs: list[torch.dtype]  # what the kernel reads, in0 .. inN-1 in order
+    out_dtype: torch.dtype
+    cols: int  # the output's last dim
+    backend: str  # cutlass (a generated library) | reference
+    library: KernelLibrary | None = None
+    label: str = ""
+
+
+KernelEntry = GemmKernel | NormKernel | AttentionKernel | PointwiseKernel
 _TABLE: list[KernelEntry] = []
 _LOCK = threading.Lock()
 _SM_COUNT: dict[int, int] = {}
@@ -328,3 +351,181 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) ->
 @attention.register_fake
 def _attention_fake(q, k, v, kernel):
     return _attention_out(q, kernel_entry(kernel))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointwise regions
+
+
+def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when strides lay `shape` out densely, without overlap, with the last dim
+    contiguous (stride 1): some permutation of a contiguous tensor. Size-1 dims may have any
+    stride."""
+    if len(shape) != len(strides):
+        return False
+    dims = [(int(st), int(sz)) for sz, st in zip(shape, strides, strict=True) if sz != 1]
+    if shape and shape[-1] != 1 and strides[-1] != 1:
+        return False
+    expected = 1
+    for stride, size in sorted(dims):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def pointwise_out(
+    shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The output of fact::pointwise: laid out as traced (eager's strides) when those are dense
+    with a contiguous last dim, so what reads it next sees what it saw in eager; contiguous
+    otherwise. The real op and its fake both allocate through here."""
+    shape, strides = [int(d) for d in shape], [int(s) for s in strides]
+    if math.prod(shape) == 0 or dense_strides(shape, strides):
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def output_order(out: torch.Tensor) -> list[int]:
+    """The dim order the kernel walks: the non-last dims by decreasing output stride (ties in
+    dim order), then the last dim."""
+    lead = sorted(range(out.dim() - 1), key=lambda d: (-out.stride(d), d))
+    return [*lead, out.dim() - 1] if out.dim() else []
+
+
+def pointwise_layout(
+    out: torch.Tensor, inputs: Sequence[torch.Tensor]
+) -> tuple[list[int], list[list[int]]]:
+    """(shape, strides per input) of FactPointwiseArgs for writing `out` from `inputs`.
+
+    The dims are `output_order(out)`'s, so `out` is contiguous in `shape` (FactError when it is
+    not: the output must be dense with a contiguous last dim; fact::pointwise allocates it so).
+    Input j is read through its own strides (elements), left-padded to the output's rank, with
+    stride 0 where its size is 1 (it broadcasts); its last dim may differ from the output's
+    (the kernel's slices and concatenations say where it reads), its other dims must be the
+    output's or 1. A 0-dim output is walked as one element of rank 1.
+    """
+    if out.dim() == 0:
+        out = out.reshape(1)
+    rank = out.dim()
+    perm = output_order(out)
+    outp = out.permute(perm)
+    if not outp.is_contiguous():
+        raise FactError(
+            f"fact::pointwise: an output of shape {list(out.shape)} and strides "
+            f"{list(out.stride())} is not dense with a contiguous last dim in any dim order"
+        )
+    strides: list[list[int]] = []
+    for j, t in enumerate(inputs):
+        if t.dim() > rank:
+            raise FactError(
+                f"fact::pointwise: in{j} has rank {t.dim()} ({list(t.shape)}), more than the "
+                f"output's {rank} ({list(out.shape)})"
+            )
+        pad = rank - t.dim()
+        sizes = [1] * pad + list(t.shape)
+        own = [0] * pad + list(t.stride())
+        row = []
+        for d in range(rank):
+            if d < rank - 1 and sizes[d] not in (1, out.shape[d]):
+                raise FactError(
+                    f"fact::pointwise: in{j} of shape {list(t.shape)} does not broadcast to the "
+                    f"output's {list(out.shape)} (dim {d})"
+                )
+            row.append(0 if sizes[d] == 1 else int(own[d]))
+        strides.append([row[d] for d in perm])
+    return list(outp.shape), strides
+
+
+def pointwise_args(out: torch.Tensor, inputs: Sequence[torch.Tensor]) -> FactPointwiseArgs:
+    """FactPointwiseArgs for writing `out` from `inputs` (see pointwise_layout)."""
+    shape, strides = pointwise_layout(out, inputs)
+    if len(shape) > FACT_POINTWISE_MAX_RANK or len(inputs) > FACT_POINTWISE_MAX_INPUTS:
+        raise FactError(
+            f"fact::pointwise: rank {len(shape)} with {len(inputs)} inputs is beyond the ABI's "
+            f"{FACT_POINTWISE_MAX_RANK} dims and {FACT_POINTWISE_MAX_INPUTS} inputs"
+        )
+    args = FactPointwiseArgs()
+    args.rank, args.n_inputs = len(shape), len(inputs)
+    for d, size in enumerate(shape):
+        args.shape[d] = size
+    args.out = out.data_ptr()
+    for j, t in enumerate(inputs):
+        args.inputs[j] = t.data_ptr()
+        for d, stride in enumerate(strides[j]):
+            args.strides[j][d] = stride
+    return args
+
+
+def _pointwise_dtypes(label: str, entry: PointwiseKernel, inputs, on_cuda: bool) -> None:
+    """The kernel reads raw bits: every input must have the dtype it was built for (and, for a
+    generated kernel, live on CUDA). The reference twin checks the dtypes too, so that it
+    refuses what its kernel would."""
+    if len(inputs) != len(entry.inputs):
+        raise FactError(
+            f"fact::pointwise {label}: the kernel reads {len(entry.inputs)} inputs, "
+            f"{len(inputs)} were given"
+        )
+    pairs = [(f"in{j}", t, d) for j, (t, d) in enumerate(zip(inputs, entry.inputs, strict=True))]
+    if on_cuda:
+        _check_dtypes(f"fact::pointwise {label}", pairs)
+        return
+    for name, t, dtype in pairs:
+        if t.dtype != dtype:
+            raise FactError(
+                f"fact::pointwise {label}: {name} is {t.dtype}, the kernel reads {dtype}"
+            )
+
+
+def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) -> None:
+    lib = entry.library
+    assert lib is not None
+    label = entry.label or lib.name
+    _pointwise_dtypes(label, entry, inputs, on_cuda=True)
+    if out.numel() == 0:
+        return
+    args = pointwise_args(out, inputs)
+    status = lib.pointwise_can_implement(args)
+    if status != Status.OK:
+        shapes = ", ".join(
+            f"in{j} {list(t.shape)} stride {list(t.stride())}" for j, t in enumerate(inputs)
+        )
+        raise FactError(
+            f"fact::pointwise {label}: the kernel cannot run an output of {list(out.shape)} "
+            f"stride {list(out.stride())} from {shapes}: {lib.last_error()}"
+        )
+    stream = torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else None
+    lib.check(lib.pointwise_run(args, stream))
+
+
+@torch.library.custom_op("fact::pointwise", mutates_args=())
+def pointwise(
+    inputs: list[torch.Tensor], kernel: int, shape: list[int], strides: list[int]
+) -> torch.Tensor:
+    """out = f(inputs) for a pointwise region by kernel `kernel` of the table.
+
+    inputs as the graph has them (views with any strides, broadcasting to `shape` except along
+    the last dim); shape and strides: the traced output's, which the new output follows when
+    they are dense with a contiguous last dim (see pointwise_out). Returns a new tensor.
+    """
+    entry = kernel_entry(kernel)
+    if not isinstance(entry, PointwiseKernel):
+        raise FactError(f"fact::pointwise: kernel {kernel} is not a pointwise kernel")
+    if not inputs:
+        raise FactError("fact::pointwise: a pointwise region reads at least one input")
+    out = pointwise_out(shape, strides, entry.out_dtype, inputs[0].device)
+    if entry.backend == "reference":
+        label = entry.label or "reference"
+        _pointwise_dtypes(label, entry, inputs, on_cuda=False)
+        wide = any(t.dtype == torch.float64 for t in inputs)
+        compute = torch.float64 if wide else torch.float32
+        out.copy_(eval_pointwise(entry.ssa, list(inputs), out.shape, compute).to(entry.out_dtype))
+    else:
+        _run_pointwise(entry, inputs, out)
+    return out
+
+
+@pointwise.register_fake
+def _pointwise_fake(inputs, kernel, shape, strides):
+    entry = kernel_entry(kernel)
+    return pointwise_out(shape, strides, entry.out_dtype, inputs[0].device)

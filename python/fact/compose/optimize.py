@@ -44,9 +44,11 @@ from fact import __version__
 from fact.compose.impls import (
     AttentionImpl,
     GatedGemmImpl,
+    GatedTailImpl,
     GemmImpl,
     Impl,
     NormImpl,
+    PointwiseImpl,
     library_impls,
 )
 from fact.compose.program import Program, replace, subgraph
@@ -433,27 +435,33 @@ def _realize_note(run: Path, index: int, tuned: Sequence[Mapping[str, Any]]) -> 
     return "no generated kernel: " + "; ".join(details)
 
 
+#: Families whose generated kernels the tuning harness leaves alone (harness.TUNED_FAMILIES
+#: lists the others): every built kernel is checked and timed in the module's context.
+CHECKED_IN_CONTEXT = ("norm", "pointwise")
+
+
 def _no_impl_reason(pattern: Mapping[str, Any], device: torch.device) -> str:
     family = pattern.get("family")
-    if family in ("gemm", "norm", "gated_mlp", "attention") and device.type != "cuda":
+    generated = ("gemm", "norm", "gated_mlp", "attention", "pointwise")
+    if family in generated and device.type != "cuda":
         return "no GPU: generated kernels cannot run here"
     if family in ("gemm", "gated_mlp"):
         return "no usable generated kernel"
-    if family == "attention":
-        return "no usable generated attention kernel"
-    if family == "norm":
-        return "no usable generated norm kernel"
+    if family in ("attention", "norm", "pointwise"):
+        return f"no usable generated {family} kernel"
     return f"{family} kernels are not emitted yet"
 
 
 def _generated_rows(pattern: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list:
     """The tuned kernels of a pattern worth checking in the module's context: the tuner's top
     two where it timed them (GEMMs, attention; rows come fastest first), every one where it did
-    not (row norms, and any family tuning leaves untimed), since only the check in context
-    ranks those."""
+    not (row norms, pointwise regions, and any family tuning leaves untimed), since only the
+    check in context ranks those."""
     built = [r for r in rows if r.get("library")]
-    timed = pattern.get("family") != "norm" and all(r.get("time_us") for r in built)
-    return built[:2] if timed else built
+    if pattern.get("family") in CHECKED_IN_CONTEXT:
+        return built
+    timed = [r for r in built if r.get("time_us")]
+    return timed[:2] + [r for r in built if not r.get("time_us")]
 
 
 def compose(program: Program, plan: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]]):
@@ -676,8 +684,9 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
 
 
 def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str, Any]) -> Impl:
-    """A generated kernel library as an implementation of its pattern (GEMM, row norm or fused
-    attention). FactError (NotSupportedError) when the kernel does not fit the pattern."""
+    """A generated kernel library as an implementation of its pattern (GEMM, row norm, fused
+    attention or pointwise region). FactError (NotSupportedError) when the kernel does not fit
+    the pattern."""
     from fact.tune.abi import KernelLibrary
 
     lib = KernelLibrary(library)
@@ -685,6 +694,10 @@ def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str,
         impl: Impl = AttentionImpl(pattern, "cutlass", lib, label=lib.name)
     elif lib.family == "norm":
         impl = NormImpl(pattern, "cutlass", lib, label=lib.name)
+    elif lib.family == "pointwise" and pattern.get("family") == "gated_mlp":
+        impl = GatedTailImpl(pattern, "cutlass", lib, label=lib.name)
+    elif lib.family == "pointwise":
+        impl = PointwiseImpl(pattern, "cutlass", lib, label=lib.name)
     elif pattern.get("family") == "gated_mlp":
         impl = GatedGemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     else:

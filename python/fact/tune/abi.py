@@ -1,9 +1,10 @@
 """ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h; for
-row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h).
+row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
+kernels fact_pointwise_abi.h).
 
-The headers are authoritative: `FactGemmArgs`, `FactNormArgs` and `FactAttentionArgs` below list
-their fields in the same order with the same C types, and tests/python/test_tune_cpu.py compiles
-the headers with gcc to check every offset.
+The headers are authoritative: `FactGemmArgs`, `FactNormArgs`, `FactAttentionArgs` and
+`FactPointwiseArgs` below list their fields in the same order with the same C types, and
+tests/python/test_tune_cpu.py compiles the headers with gcc to check every offset.
 Nothing here needs torch or a GPU: a `KernelLibrary` only dlopens the .so and calls its exported
 functions; pointers are plain integers (device addresses on a GPU, host addresses in the CPU
 tests' fake kernels).
@@ -22,6 +23,8 @@ from fact.errors import FactError
 
 FACT_ABI_VERSION = 1
 FACT_MAX_EPILOGUE_OPERANDS = 8
+FACT_POINTWISE_MAX_RANK = 8
+FACT_POINTWISE_MAX_INPUTS = 16
 
 
 class Status(enum.IntEnum):
@@ -162,6 +165,39 @@ class FactAttentionArgs(ctypes.Structure):
         return {name: getattr(self, name) or 0 for name, _ in self._fields_}
 
 
+_RANK, _INPUTS = FACT_POINTWISE_MAX_RANK, FACT_POINTWISE_MAX_INPUTS
+
+
+class FactPointwiseArgs(ctypes.Structure):
+    """typedef struct FactPointwiseArgs (abi/fact_pointwise_abi.h): out[i] = f(inputs at i).
+
+    out is contiguous in shape[:rank]; input j is read at index i through strides[j][:rank]
+    (elements; 0 where it broadcasts). The last dim is the model's last dim (the one the
+    kernel's slices and concatenations act on); the others may come in any order.
+    """
+
+    _fields_ = [
+        ("rank", ctypes.c_int32),
+        ("n_inputs", ctypes.c_int32),
+        ("shape", _I64 * _RANK),
+        ("out", _PTR),
+        ("inputs", _PTR * _INPUTS),
+        ("strides", (_I64 * _RANK) * _INPUTS),
+    ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The used part of every field as plain Python values (null pointers as 0)."""
+        rank, n = self.rank, self.n_inputs
+        return {
+            "rank": rank,
+            "n_inputs": n,
+            "shape": list(self.shape[:rank]),
+            "out": self.out or 0,
+            "inputs": [p or 0 for p in self.inputs[:n]],
+            "strides": [list(self.strides[j][:rank]) for j in range(n)],
+        }
+
+
 # name -> (restype, argtypes): what every kernel library exports, then per kernel family.
 _COMMON: dict[str, tuple[Any, list[Any]]] = {
     "fact_abi_version": (ctypes.c_int, []),
@@ -193,6 +229,10 @@ _FAMILIES: dict[str, dict[str, tuple[Any, list[Any]]]] = {
             [ctypes.POINTER(FactAttentionArgs), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
         ),
     },
+    "pointwise": {
+        "fact_pointwise_can_implement": (ctypes.c_int, [ctypes.POINTER(FactPointwiseArgs)]),
+        "fact_pointwise_run": (ctypes.c_int, [ctypes.POINTER(FactPointwiseArgs), ctypes.c_void_p]),
+    },
 }
 
 
@@ -205,8 +245,9 @@ class KernelLibrary:
 
     Construction checks that every ABI symbol is exported and that fact_abi_version() == 1, so a
     stale or foreign library fails here, naming the file, rather than misreading the struct later.
-    `family` ("gemm", "norm" or "attention") is told by the entry points the library exports (an
-    attention library whose fact_kernel_info() names another family is refused).
+    `family` ("gemm", "norm", "attention" or "pointwise") is told by the entry points the library
+    exports (an attention or pointwise library whose fact_kernel_info() names another family is
+    refused).
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -239,9 +280,10 @@ class KernelLibrary:
             )
         self.abi_version = version
         self._info: dict[str, Any] | None = None
-        if self.family == "attention" and self.info.get("family") not in (None, "attention"):
+        family = self.family
+        if family in ("attention", "pointwise") and self.info.get("family") not in (None, family):
             raise AbiError(
-                f"{self.path}: exports the attention entry points but fact_kernel_info() says "
+                f"{self.path}: exports the {family} entry points but fact_kernel_info() says "
                 f"family {self.info.get('family')!r}"
             )
 
@@ -321,6 +363,16 @@ class KernelLibrary:
         return int(
             fn(ctypes.byref(args), workspace_ptr or None, workspace_bytes, stream_ptr or None)
         )
+
+    def pointwise_can_implement(self, args: FactPointwiseArgs) -> int:
+        """fact_pointwise_can_implement() of a pointwise kernel: a Status code."""
+        fn = self._family_call("pointwise", "fact_pointwise_can_implement")
+        return int(fn(ctypes.byref(args)))
+
+    def pointwise_run(self, args: FactPointwiseArgs, stream_ptr: int | None = None) -> int:
+        """fact_pointwise_run(): enqueue the pointwise kernel on the stream; a Status code."""
+        fn = self._family_call("pointwise", "fact_pointwise_run")
+        return int(fn(ctypes.byref(args), stream_ptr or None))
 
     def last_error(self) -> str:
         """fact_last_error(): the message of the last failed call on this thread."""

@@ -86,8 +86,8 @@ STARTUP_GRACE_S = 120.0  # on top, for a worker's start (import torch, CUDA cont
 DEFAULT_KNOBS = {"raster": "heuristic", "max_swizzle": 1, "splits": 1}
 PYTORCH = "pytorch"
 #: Plan families (of the pattern a kernel computes, runs.tuned_pattern) tuned here: the GEMM
-#: families (reference.GEMM_FAMILIES) and fused attention. Row norms are measured in the
-#: composed module.
+#: families (reference.GEMM_FAMILIES) and fused attention. Row norms and pointwise regions are
+#: measured in the composed module.
 TUNED_FAMILIES = ("gemm", "horizontal_gemm", "attention")
 
 #: Worker exit status after a CUDA fault: its context is unusable, the parent starts a new one.
@@ -1454,6 +1454,8 @@ def _cli(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 f"manifest entry {entry.get('kernel')}: pattern_index {index} is "
                 f"not one of the plan's {len(patterns)} patterns"
             )
+        if (entry.get("config") or {}).get("form") == "tail":
+            continue  # a gated MLP's pointwise tail: checked in the composed module's context
         if wanted is None or index in wanted:
             by_pattern.setdefault(index, []).append(entry)
     if not by_pattern:

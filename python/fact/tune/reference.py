@@ -7,6 +7,9 @@ engine/realize/emit.cpp): the epilogue operands are the operands whose role is n
 table of engine/discover/expr.cpp with the same math and the same parameter defaults; a CPU test
 compares it with the C++ table entry by entry.
 
+`eval_pointwise` evaluates the acc-free SSA of a pointwise region (family "pointwise"), whose
+`slice_last` / `cat_last` move values along the last dim (LAST_DIM_FUNCTIONS).
+
 Two ways to evaluate an epilogue:
   * `reference`: the GEMM and the epilogue in float64 on upcast inputs (what kernels are checked
     against);
@@ -303,11 +306,63 @@ def eval_epilogue(
         operands = [t.to(compute_dtype) for t in operands]
     # constants become tensors only where a function has no tensor argument at all
     const_dtype = compute_dtype or (acc.dtype if acc.is_floating_point() else torch.float32)
+    last = _run_ssa(ssa, acc, operands, compute_dtype, const_dtype, acc.device)
+    if not isinstance(last, torch.Tensor):  # an epilogue that is a constant
+        last = torch.full_like(acc, last, dtype=compute_dtype or acc.dtype)
+    return last.expand(acc.shape) if last.shape != acc.shape else last
+
+
+def eval_pointwise(
+    ssa: Sequence[dict[str, Any]],
+    operands: Sequence[torch.Tensor],
+    out_shape: Sequence[int],
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Evaluate the SSA of a pointwise region (plan family "pointwise") to a tensor of out_shape.
+
+    The SSA is an epilogue SSA without "acc": its leaves are operands (indices into the
+    pattern's operands, roles in0..inN-1) and constants. Operands come as the graph has them,
+    any shapes that broadcast like PyTorch (right-aligned) to out_shape, besides what
+    `slice_last` and `cat_last` do along the last dim. Every operand is converted to
+    compute_dtype and a `cast` rounds to its dtype and back, as the kernels compute (float32,
+    casts rounding). Returns compute_dtype, possibly an expanded view.
+    """
+    if not ssa:
+        raise FactError("a pointwise expression needs at least one SSA entry")
+    device = operands[0].device if operands else torch.device("cpu")
+    ready = [t.to(compute_dtype) for t in operands]
+    last = _run_ssa(ssa, None, ready, compute_dtype, compute_dtype, device)
+    shape = tuple(int(d) for d in out_shape)
+    if not isinstance(last, torch.Tensor):  # a constant expression
+        return torch.full(shape, last, dtype=compute_dtype, device=device)
+    try:
+        return last.expand(shape) if tuple(last.shape) != shape else last
+    except RuntimeError:
+        raise FactError(
+            f"the pointwise expression's value is shaped {list(last.shape)}, which does not "
+            f"broadcast to the output {list(shape)}"
+        ) from None
+
+
+def _run_ssa(
+    ssa: Sequence[dict[str, Any]],
+    acc: torch.Tensor | None,
+    operands: Sequence[torch.Tensor],
+    compute_dtype: torch.dtype | None,
+    const_dtype: torch.dtype,
+    device: torch.device,
+) -> Value:
+    """The SSA's root value (a tensor, or a float for a constant expression)."""
     values: dict[int, Value] = {}
-    last: Value = acc
+    last: Value = 0.0 if acc is None else acc
     for entry in ssa:
         op = entry["op"]
         if op == "acc":
+            if acc is None:
+                raise FactError(
+                    f"SSA entry {entry.get('id')} reads acc, but a pointwise expression has no "
+                    "accumulator"
+                )
             value: Value = acc
         elif op == "operand":
             index = int(entry["index"])
@@ -316,6 +371,15 @@ def eval_epilogue(
             value = operands[index]
         elif op == "constant":
             value = _number(entry.get("value"))
+        elif op in LAST_DIM_FUNCTIONS:
+            args = [values[int(a)] for a in entry.get("args", [])]
+            params = entry.get("params") or []
+            if op == "slice_last":
+                if len(args) != 1:
+                    raise FactError(f"slice_last takes 1 arg, got {len(args)}")
+                value = _slice_last(args[0], params)
+            else:
+                value = _cat_last(args, params, const_dtype, device)
         else:
             if op not in FUNCTIONS:
                 raise NotSupportedError(f"epilogue function {op!r} is not in the function table")
@@ -324,7 +388,7 @@ def eval_epilogue(
             if len(args) != arity:
                 raise FactError(f"epilogue function {op!r} takes {arity} args, got {len(args)}")
             if not any(isinstance(a, torch.Tensor) for a in args):
-                args[0] = torch.tensor(args[0], dtype=const_dtype, device=acc.device)
+                args[0] = torch.tensor(args[0], dtype=const_dtype, device=device)
             if op in ("minimum", "maximum", "where"):  # tensor-only signatures
                 like = next(a for a in args if isinstance(a, torch.Tensor))
                 args = [
@@ -339,9 +403,63 @@ def eval_epilogue(
                 value = fn(args, entry.get("params") or [])
         values[int(entry["id"])] = value
         last = value
-    if not isinstance(last, torch.Tensor):  # an epilogue that is a constant
-        last = torch.full_like(acc, last, dtype=compute_dtype or acc.dtype)
-    return last.expand(acc.shape) if last.shape != acc.shape else last
+    return last
+
+
+#: Functions of pointwise SSAs that move values along the last dim instead of computing on
+#: them: name -> arity (None: one or more args). They are not in FUNCTIONS, which mirrors
+#: expr.cpp's table of scalar functions entry by entry.
+#:   slice_last  params [start, length]: x[..., start:start + length]; a value whose last dim
+#:               is 1 (or a 0-dim value) broadcasts along it and is left as it is
+#:   cat_last    params [size0, size1, ...]: torch.cat(args, dim=-1), the args first broadcast
+#:               to one shape except the last dim (a piece whose last dim is 1 fills its size)
+LAST_DIM_FUNCTIONS: dict[str, int | None] = {"slice_last": 1, "cat_last": None}
+
+
+def _int_param(params: Sequence[Any], i: int, op: str) -> int:
+    if i >= len(params) or params[i] is None:
+        raise FactError(f"{op} needs parameter {i} (params {list(params)})")
+    return int(_number(params[i]))
+
+
+def _slice_last(x: Value, params: Sequence[Any]) -> Value:
+    start, length = _int_param(params, 0, "slice_last"), _int_param(params, 1, "slice_last")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] == 1:
+        return x  # broadcast along the last dim: every slice of it is the same
+    if start < 0 or length < 0 or start + length > x.shape[-1]:
+        raise FactError(
+            f"slice_last [{start}, {start + length}) is outside a last dim of {x.shape[-1]}"
+        )
+    return x.narrow(-1, start, length)
+
+
+def _cat_last(
+    args: Sequence[Value], params: Sequence[Any], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    if not args:
+        raise FactError("cat_last needs at least one arg")
+    if params and len(params) != len(args):
+        raise FactError(f"cat_last of {len(args)} args has {len(params)} sizes ({list(params)})")
+    pieces = [
+        a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
+        for a in args
+    ]
+    pieces = [t.reshape(1) if t.dim() == 0 else t for t in pieces]
+    widths = [_int_param(params, i, "cat_last") for i in range(len(args))] if params else None
+    widths = widths or [t.shape[-1] for t in pieces]
+    try:
+        lead = torch.broadcast_shapes(*(t.shape[:-1] for t in pieces))
+    except RuntimeError:
+        shapes = [list(t.shape) for t in pieces]
+        raise FactError(f"cat_last args shaped {shapes} do not broadcast") from None
+    out = []
+    for i, (t, width) in enumerate(zip(pieces, widths, strict=True)):
+        if t.shape[-1] not in (width, 1):
+            raise FactError(
+                f"cat_last arg {i} has a last dim of {t.shape[-1]}, its size says {width}"
+            )
+        out.append(t.expand(*lead, width))
+    return torch.cat(out, dim=-1)
 
 
 def _cast(x: torch.Tensor, dtype: str, compute_dtype: torch.dtype | None) -> torch.Tensor:

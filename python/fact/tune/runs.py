@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 
 from fact.engine import run_engine
-from fact.tune.harness import TUNED_FAMILIES  # GEMM families and attention; not row norms
+from fact.tune.harness import TUNED_FAMILIES  # GEMMs, attention; not norms, pointwise
 
 
-def tuned_pattern(pattern: dict) -> dict:
-    """The pattern its kernels compute: a gated MLP's lowered GEMM (docs/plan-format.md)."""
+def tuned_pattern(pattern: dict, entry: dict | None = None) -> dict:
+    """The pattern a manifest entry's kernel computes (docs/plan-format.md): for a gated MLP its
+    lowered GEMM, or its pointwise `tail` for the kernels realize built for that form."""
+    if entry is not None and (entry.get("config") or {}).get("form") == "tail":
+        return pattern["tail"]
     return pattern.get("lowered") or pattern
 
 
@@ -38,7 +41,7 @@ def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
     for entry in json.loads((run / "manifest.json").read_text()):
         if not entry.get("library"):
             continue
-        pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]])
+        pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]], entry)
         key = (
             pattern["signature"],
             plan.get("arch", "sm90"),
@@ -77,13 +80,13 @@ def tune_run(
     by_kernel = {e["kernel"]: e for e in built}
     pending = unmeasured(run, registry)
     pending = built if pending is None else [by_kernel[e["kernel"]] for e in pending]
-    # GEMM-family and attention kernels go through the harness; the others (row norms) are
-    # verified and timed where they run, in the composed module's context, and listed untimed
-    # below.
+    # GEMM-family and attention kernels go through the harness; the others (row norms,
+    # pointwise regions) are verified and timed where they run, in the composed module's
+    # context, and listed untimed below.
     pending = [
         e
         for e in pending
-        if tuned_pattern(plan["patterns"][e["pattern_index"]]).get("family") in TUNED_FAMILIES
+        if tuned_pattern(plan["patterns"][e["pattern_index"]], e).get("family") in TUNED_FAMILIES
     ]
     fresh: list[dict] = []
     for index in sorted({e["pattern_index"] for e in pending}):
@@ -111,7 +114,7 @@ def tune_run(
     best: dict[int, list[dict]] = {}
     for entry in built:
         index = entry["pattern_index"]
-        pattern = tuned_pattern(plan["patterns"][index])
+        pattern = tuned_pattern(plan["patterns"][index], entry)
         name = entry["config"].get("name")
         if pattern.get("family") not in TUNED_FAMILIES:
             best.setdefault(index, []).append(
