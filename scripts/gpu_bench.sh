@@ -4,6 +4,9 @@
 #
 #   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16|attention ...]
 #
+# rope-bf16 and swiglu-bf16 bench the pointwise family alone: Llama's RoPE on Q and its SwiGLU
+# product, each a one-region module (bench/problems/).
+#
 # `attention` is issue 4's kernel benchmark instead: the CUTLASS FMHA candidates for the MiniGPT
 # and Llama attention shapes, realized here, then verified and timed against SDPA and the
 # hand-written eager attention by bench/gemm_bench.py.
@@ -34,6 +37,8 @@ for job in "$@"; do
     minigpt-tf32) args=(examples/minigpt_block.py --dtype fp32 --precision high) ;;
     minigpt-fp32) args=(examples/minigpt_block.py --dtype fp32 --precision highest) ;;
     llama-bf16) args=(examples/llama3_block.py --dtype bf16 --precision high) ;;
+    rope-bf16) args=(bench/problems/rope_llama.py --dtype bf16 --precision high) ;;
+    swiglu-bf16) args=(bench/problems/swiglu_product.py --dtype bf16 --precision high) ;;
     *) echo "unknown job $job" >&2; exit 2 ;;
   esac
   echo "== $job: fact bench ${args[*]}"

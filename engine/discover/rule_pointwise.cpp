@@ -187,7 +187,12 @@ std::vector<Match> pointwise_regions(const Graph& g, const std::vector<char>& co
     }
     std::vector<std::string> names;
     std::string inputs;
+    std::vector<std::string> access;  // how each operand's last dim is read, as traced
     for (const auto& o : m.operands) {
+      const auto& t = g.node(o.node).type();
+      access.push_back(t.rank() == 0 || t.shape.back() == 1 ? "broadcast"
+                       : t.strides.back() == 1            ? "contiguous"
+                                                          : "strided");
       names.push_back(g.node(o.node).name);
       const std::string dt = ir::dtype_name(g.node(o.node).type().dtype);
       if (inputs.find(dt) == std::string::npos) inputs += (inputs.empty() ? "" : ",") + dt;
@@ -195,6 +200,7 @@ std::vector<Match> pointwise_regions(const Graph& g, const std::vector<char>& co
     m.epilogue_expr = {{"text", eg.to_text(names)}, {"ssa", eg.to_json()}};
     m.problem = {{"numel", out_type.numel()}, {"cols", out_type.shape.back()}};
     m.attrs = {{"inputs", inputs},
+               {"access", access},
                {"dtype_out", ir::dtype_name(out_type.dtype)},
                {"shape", out_type.shape},
                {"strides", out_type.strides}};

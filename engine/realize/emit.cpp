@@ -345,6 +345,7 @@ json gated_mlp_tail(const json& lowered) {
                              {"ssa", ssa}}},
           {"problem", {{"numel", numel}, {"cols", shape.back()}}},
           {"attrs", {{"inputs", attrs.value("dtype_out", "")},
+                     {"access", {"contiguous", "contiguous"}},
                      {"dtype_out", attrs.value("dtype_out", "")},
                      {"shape", shape},
                      {"strides", strides}}}};

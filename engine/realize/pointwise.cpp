@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "ir/error.h"
@@ -117,7 +118,7 @@ std::string call(const json& e, const std::vector<std::string>& a) {
 // on first use at a last-dim offset; a concatenation's branches get their own scopes.
 class BodyWriter {
  public:
-  explicit BodyWriter(const json& ssa) : ssa_(ssa) {}
+  BodyWriter(const json& ssa, const std::vector<std::string>& access) : ssa_(ssa), access_(access) {}
 
   std::string body(int root) {
     scopes_.emplace_back();
@@ -127,11 +128,14 @@ class BodyWriter {
         max_input_ = std::max(max_input_, k);
       }
     }
+    // Loads first: every operand read outside a concatenation's branches, so that they are
+    // all in flight before the math (which may branch) starts.
+    hoist(root, 0);
     const Value r = emit(root, 0);
     line("Pack<TOut> o;");
     line("#pragma unroll");
     line("for (int j = 0; j < kVec; ++j) o.v[j] = from_float<TOut>(" + r.at("j") + ");");
-    line("reinterpret_cast<Pack<TOut>*>(a.out)[v] = o;");
+    line("reinterpret_cast<Pack<TOut>*>(out)[v] = o;");
     return os_.str();
   }
 
@@ -159,6 +163,19 @@ class BodyWriter {
     return nullptr;
   }
 
+  void hoist(int id, int64_t off) {
+    if (!hoisted_.insert({id, off}).second) return;  // a shared sub-expression: once
+    const json& e = ssa_.at(static_cast<size_t>(id));
+    const std::string op = e.at("op");
+    if (op == "operand") {
+      emit(id, off);
+    } else if (op == "slice_last") {
+      hoist(e.at("args").at(0), off + static_cast<int64_t>(param(e, 0, 0)));
+    } else if (op != "cat_last" && op != "constant") {
+      for (const auto& a : e.value("args", json::array())) hoist(a, off);
+    }
+  }
+
   Value emit(int id, int64_t off) {
     if (const Value* v = find(id, off)) return *v;
     const json& e = ssa_.at(static_cast<size_t>(id));
@@ -172,10 +189,18 @@ class BodyWriter {
     if (op == "slice_last") return emit(e.at("args").at(0), off + static_cast<int64_t>(param(e, 0, 0)));
     if (op == "operand") {
       const int k = e.at("index");
+      const std::string in = "in" + std::to_string(k), base = "base[" + std::to_string(k) + "]";
+      const std::string how = static_cast<size_t>(k) < access_.size() ? access_[static_cast<size_t>(k)] : "strided";
       out.name = fresh();
       line("float " + out.name + "[kVec];");
-      line("load(in" + std::to_string(k) + ", base[" + std::to_string(k) + "], " + col(off) + ", a.strides[" +
-           std::to_string(k) + "][a.rank - 1], " + out.name + ");");
+      if (how == "contiguous") {
+        line("load_contiguous(" + in + ", " + base + " + " + col(off) + ", " + out.name + ");");
+      } else if (how == "broadcast") {
+        line("load_broadcast(" + in + ", " + base + ", " + out.name + ");");
+      } else {
+        line("load(" + in + ", " + base + ", " + col(off) + ", a.strides[" + std::to_string(k) + "][a.rank - 1], " +
+             out.name + ");");
+      }
     } else if (op == "cat_last") {
       out.name = fresh();
       line("float " + out.name + "[kVec];");
@@ -218,12 +243,27 @@ class BodyWriter {
   }
 
   const json& ssa_;
+  const std::vector<std::string>& access_;
   std::ostringstream os_;
-  int indent_ = 1;
+  int indent_ = 2;  // inside the kernel's per-vector lambda
   int next_ = 0;
   int max_input_ = -1;
   std::vector<std::map<std::pair<int, int64_t>, Value>> scopes_;
+  std::set<std::pair<int, int64_t>> hoisted_;
 };
+
+// The access kinds as a C++ initializer: 0 strided, 1 contiguous, 2 broadcast.
+std::string access_list(const std::vector<std::string>& access) {
+  std::string out;
+  for (const auto& k : access) out += std::string(out.empty() ? "" : ", ") + (k == "contiguous" ? "1" : k == "broadcast" ? "2" : "0");
+  return out.empty() ? "0" : out;
+}
+
+std::string input_bytes(const std::vector<std::string>& inputs) {
+  std::string out;
+  for (const auto& d : inputs) out += std::string(out.empty() ? "" : ", ") + std::to_string(dtype_bytes(d));
+  return out.empty() ? "1" : out;
+}
 
 }  // namespace
 
@@ -239,6 +279,11 @@ PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
   }
   if (s.inputs.size() > 16) throw NotSupported("more than 16 inputs");
   const auto& a = p.at("attrs");
+  s.access = a.value("access", std::vector<std::string>(s.inputs.size(), "strided"));
+  if (s.access.size() != s.inputs.size()) throw NotSupported("an access kind per input expected");
+  for (const auto& k : s.access) {
+    if (k != "contiguous" && k != "broadcast" && k != "strided") throw NotSupported("input access '" + k + "'");
+  }
   s.dtype_out = a.at("dtype_out");
   if (s.dtype_out == "bool") throw NotSupported("a boolean output");
   cuda_type(s.dtype_out);
@@ -264,27 +309,30 @@ PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
   }
   s.vec = static_cast<int>(std::max<int64_t>(vec, 1));
   // Every function must have kernel code: emit once to find out.
-  BodyWriter(s.ssa).body(static_cast<int>(s.ssa.size()) - 1);
+  BodyWriter(s.ssa, s.access).body(static_cast<int>(s.ssa.size()) - 1);
   return s;
 }
 
 std::string PointwiseSpec::id() const {
-  return short_hash(json({ssa, inputs, dtype_out, cols, rank, vec}).dump());
+  return short_hash(json({ssa, inputs, access, dtype_out, cols, rank, vec}).dump());
 }
 
-std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec&) { return {{128}, {256}, {512}}; }
+// Several vectors a thread keep more loads in flight and spread the index arithmetic; a block of
+// 128 x 4 and one of 256 x 2 cover the same 1024 vectors with different occupancy.
+std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec&) { return {{128, 4}, {256, 2}, {256, 4}}; }
 
 EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c) {
-  FACT_CHECK(c.threads % 32 == 0 && c.threads <= 1024 && c.threads > 0, "bad pointwise config " + c.name());
+  FACT_CHECK(c.threads % 32 == 0 && c.threads <= 1024 && c.threads > 0 && c.items >= 1 && c.items <= 16,
+             "bad pointwise config " + c.name());
   EmittedKernel k;
   k.name = "fact_pointwise_" + spec.dtype_out + "_" + spec.id() + "_" + c.name();
-  const json info = {{"family", "pointwise"}, {"inputs", spec.inputs}, {"dtype_out", spec.dtype_out},
+  const json info = {{"family", "pointwise"}, {"inputs", spec.inputs}, {"access", spec.access}, {"dtype_out", spec.dtype_out},
                      {"cols", spec.cols},     {"rank", spec.rank},     {"vec", spec.vec},
                      {"expression", spec.text}, {"config", c.to_json()}};
-  std::string decls;
+  std::string decls = "  TOut* __restrict__ out = a.out;";
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
-    decls += "  const auto* __restrict__ in" + std::to_string(i) + " = static_cast<const " + cuda_type(spec.inputs[i]) +
-             "*>(a.inputs[" + std::to_string(i) + "]);\n";
+    decls += "\n  const auto* __restrict__ in" + std::to_string(i) + " = static_cast<const " +
+             cuda_type(spec.inputs[i]) + "*>(a.inputs[" + std::to_string(i) + "]);";
   }
   std::string text = spec.text;
   for (char& ch : text) ch = ch == '\n' ? ' ' : ch;
@@ -298,7 +346,11 @@ EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c
       {"vec", std::to_string(spec.vec)},
       {"inputs", std::to_string(spec.inputs.size())},
       {"threads", std::to_string(c.threads)},
-      {"body", decls + BodyWriter(spec.ssa).body(static_cast<int>(spec.ssa.size()) - 1)},
+      {"items", std::to_string(c.items)},
+      {"inputs_decl", decls},
+      {"body", BodyWriter(spec.ssa, spec.access).body(static_cast<int>(spec.ssa.size()) - 1)},
+      {"access", access_list(spec.access)},
+      {"input_bytes", input_bytes(spec.inputs)},
   };
   k.source = substitute(templates::kPointwise, vars);
   return k;

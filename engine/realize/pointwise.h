@@ -1,5 +1,5 @@
 // Emission for pointwise regions (discover/rule_pointwise.cpp): a plan pattern of family
-// `pointwise` -> one CUDA C++ kernel per block width, exporting the C ABI in
+// `pointwise` -> one CUDA C++ kernel per block shape, exporting the C ABI in
 // abi/fact_pointwise_abi.h. Memory-bound: each thread computes one 16-byte vector of the last
 // dim; no CUTLASS collective is involved.
 //
@@ -23,6 +23,9 @@ struct PointwiseSpec {
   nlohmann::json ssa;                // the expression (epilogue_expr.ssa)
   std::string text;                  // its readable form
   std::vector<std::string> inputs;   // dtype per operand: bf16 | f16 | f32 | bool
+  // How each operand's last dim is read: contiguous (one vector load; the kernel refuses other
+  // strides), broadcast (one value), or strided (any stride, decided at run time)
+  std::vector<std::string> access;
   std::string dtype_out;             // bf16 | f16 | f32
   int64_t cols = 0;                  // the last dim
   int rank = 0;                      // of the output, as traced
@@ -34,8 +37,9 @@ struct PointwiseSpec {
 
 struct PointwiseConfig {
   int threads = 256;  // per block
-  std::string name() const { return "t" + std::to_string(threads); }
-  nlohmann::json to_json() const { return {{"name", name()}, {"threads", threads}}; }
+  int items = 1;      // vectors per thread, `threads` apart
+  std::string name() const { return "t" + std::to_string(threads) + "i" + std::to_string(items); }
+  nlohmann::json to_json() const { return {{"name", name()}, {"threads", threads}, {"items", items}}; }
 };
 
 std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec& spec);

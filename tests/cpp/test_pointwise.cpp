@@ -111,6 +111,20 @@ TEST(PointwiseRegion, AnIntermediateUsedOutsideEndsTheRegion) {
   EXPECT_EQ(names(p.g, other->match.nodes), (Names{"a", "e"}));
 }
 
+TEST(PointwiseRegion, AccessKindsFollowTheTracedLastDim) {
+  GraphBuilder b;
+  b.input("x", T("f32", {8, 32}));
+  b.input("col", T("f32", {8, 1}));
+  b.input("xt", T("f32", {32, 8}));
+  b.call("t", "aten.t.default", {N("xt")}, T("f32", {8, 32}, std::vector<int64_t>{1, 8}));
+  b.call("a", "aten.mul.Tensor", {N("x"), N("col")}, T("f32", {8, 32}));
+  b.call("r", "aten.add.Tensor", {N("a"), N("t")}, T("f32", {8, 32}));
+  const auto p = plan(b);
+  const auto* c = pointwise(p);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->match.attrs["access"], json({"contiguous", "broadcast", "strided"}));
+}
+
 TEST(PointwiseRegion, OneOpAloneIsLeftToPytorch) {
   GraphBuilder b;
   b.input("x", T("bf16", {8, 32}));
@@ -160,12 +174,15 @@ TEST(PointwiseEmit, RopeKernelShiftsLoadsInsteadOfSlicing) {
   const auto configs = realize::pointwise_configs(spec);
   ASSERT_EQ(configs.size(), 3u);
   const auto k = realize::emit_pointwise(spec, configs[1]);
-  EXPECT_EQ(k.name, "fact_pointwise_bf16_" + spec.id() + "_t256");
+  EXPECT_EQ(k.name, "fact_pointwise_bf16_" + spec.id() + "_t256i2");
   // The concatenation is a branch on the column; its halves read q 32 columns away.
   EXPECT_NE(k.source.find("if (c < 32) {"), std::string::npos);
-  EXPECT_NE(k.source.find("load(in0, base[0], c + 32,"), std::string::npos);
-  EXPECT_NE(k.source.find("load(in0, base[0], c - 32,"), std::string::npos);
-  expect_golden(k, "pointwise_rope_bf16_t256.cu");
+  EXPECT_NE(k.source.find("load_contiguous(in0, base[0] + c + 32, "), std::string::npos);
+  EXPECT_NE(k.source.find("load_contiguous(in0, base[0] + c - 32, "), std::string::npos);
+  // Every input's last dim was traced contiguous: vector loads without run-time branches.
+  EXPECT_EQ(spec.access, (std::vector<std::string>{"contiguous", "contiguous", "contiguous"}));
+  EXPECT_NE(k.source.find("constexpr int kAccess[] = {1, 1, 1};"), std::string::npos);
+  expect_golden(k, "pointwise_rope_bf16_t256i2.cu");
 }
 
 TEST(PointwiseEmit, VectorWidthDividesEveryBoundary) {
@@ -197,6 +214,13 @@ TEST(PointwiseEmit, ParametersAndCastsBecomeLiterals) {
   const auto k = realize::emit_pointwise(spec, realize::pointwise_configs(spec)[0]);
   EXPECT_NE(k.source.find("fact_clamp(v0[j], (-INFINITY), (0.5f))"), std::string::npos) << k.source;
   EXPECT_NE(k.source.find("round_to<__nv_bfloat16>(v1[j])"), std::string::npos);
+  // Without access kinds (older plans) an input is read through its run-time stride.
+  EXPECT_NE(k.source.find("load(in0, base[0], c, a.strides[0][a.rank - 1], v0);"), std::string::npos);
+  pattern["attrs"]["access"] = {"broadcast"};
+  const auto b = realize::emit_pointwise(PointwiseSpec::from_pattern(pattern), realize::pointwise_configs(spec)[0]);
+  EXPECT_NE(b.source.find("load_broadcast(in0, base[0], v0);"), std::string::npos);
+  pattern["attrs"]["access"] = {"sideways"};
+  EXPECT_THROW(PointwiseSpec::from_pattern(pattern), NotSupported);
 }
 
 TEST(PointwiseEmit, RefusesWhatItCannotCompile) {

@@ -699,3 +699,21 @@ def test_realized_pointwise_kernels_fit_pointwise_impl(engine_available, tmp_pat
         args = pointwise_args(narrow, [q[..., :16], cos[:, :16], sin[:, :16]])
         assert lib.pointwise_can_implement(args) == Status.NOT_SUPPORTED
         assert "generated for a last dim of 32" in lib.last_error()
+
+
+def test_inputs_unlike_the_traced_layout_are_copied_first():
+    """A kernel generated to read an input as contiguous aligned vectors (the traced layout)
+    gets a contiguous copy of a differently laid out view; broadcast and strided inputs are
+    read as they come."""
+    from fact.compose.ops import _contiguous_copies
+
+    info = {"access": ["contiguous", "broadcast", "strided"], "vec": 8}
+    base = torch.randn(4, 64, dtype=torch.bfloat16)
+    col = torch.randn(4, 1, dtype=torch.bfloat16)
+    assert _contiguous_copies(info, [base, col, base.t()]) == (False, False, False)
+    assert _contiguous_copies(info, [base.t().contiguous().t(), col, base]) == (True, False, False)
+    offset = torch.randn(4 * 64 + 1, dtype=torch.bfloat16)[1:].view(4, 64)  # 2 bytes off
+    assert _contiguous_copies(info, [offset, col, base]) == (True, False, False)
+    rows = torch.randn(4, 68, dtype=torch.bfloat16)[:, :64]  # rows 68 apart: not on 8s
+    assert _contiguous_copies(info, [rows, col, base]) == (True, False, False)
+    assert _contiguous_copies({"vec": 8}, [rows, col, base]) == (False, False, False)

@@ -256,7 +256,7 @@ def test_realize_compiles_a_pointwise_region(engine_available, tmp_path):
     assert res.returncode == 0, res.stderr
     manifest = json.loads(res.stdout)
     assert {e["family"] for e in manifest} == {"pointwise"}, manifest
-    assert [e["config"]["threads"] for e in manifest] == [128, 256, 512]
+    assert [e["config"]["name"] for e in manifest] == ["t128i4", "t256i2", "t256i4"]
     assert [e["status"] for e in manifest] == ["compiled"] * 3, manifest
     run = tmp_path / "run"
     plan = json.loads((run / "plan.json").read_text())

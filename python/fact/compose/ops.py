@@ -31,6 +31,7 @@ from fact.tune.abi import (
     FactNormArgs,
     FactPointwiseArgs,
     KernelLibrary,
+    KernelStatusError,
     Status,
 )
 from fact.tune.inputs import GemmInputs, gemm_args
@@ -97,6 +98,9 @@ class PointwiseKernel:
     backend: str  # cutlass (a generated library) | reference
     library: KernelLibrary | None = None
     label: str = ""
+    # packed args per (output, inputs) layout, pointers left to fill: a module calls the kernel
+    # with the same layouts every time, so each call only writes its data pointers
+    layouts: dict[tuple, FactPointwiseArgs] = field(default_factory=dict, repr=False)
 
 
 KernelEntry = GemmKernel | NormKernel | AttentionKernel | PointwiseKernel
@@ -477,6 +481,23 @@ def _pointwise_dtypes(label: str, entry: PointwiseKernel, inputs, on_cuda: bool)
             )
 
 
+def _contiguous_copies(info: dict[str, Any], inputs: Sequence[torch.Tensor]) -> tuple[bool, ...]:
+    """Which inputs to copy before the kernel reads them: those it was generated to read as
+    contiguous, aligned vectors (the traced layout, info["access"]) that arrive otherwise (a
+    caller's differently strided or offset view). Rare; correct either way."""
+    access = info.get("access") or ["strided"] * len(inputs)
+    vec = int(info.get("vec") or 1)
+
+    def misfit(t: torch.Tensor) -> bool:
+        if t.dim() == 0 or t.shape[-1] == 1:
+            return False
+        if t.stride(-1) != 1 or t.data_ptr() % (t.element_size() * vec):
+            return True
+        return any(st % vec for st, n in zip(t.stride()[:-1], t.shape[:-1], strict=True) if n != 1)
+
+    return tuple(a == "contiguous" and misfit(t) for a, t in zip(access, inputs, strict=True))
+
+
 def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) -> None:
     lib = entry.library
     assert lib is not None
@@ -484,18 +505,37 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     _pointwise_dtypes(label, entry, inputs, on_cuda=True)
     if out.numel() == 0:
         return
-    args = pointwise_args(out, inputs)
-    status = lib.pointwise_can_implement(args)
-    if status != Status.OK:
+    key = (
+        out.shape,
+        out.stride(),
+        tuple((t.shape, t.stride(), t.data_ptr() % 16) for t in inputs),
+    )
+    cached = entry.layouts.get(key)
+    if cached is None:
+        copies = _contiguous_copies(lib.info, inputs)
+        fixed = [t.contiguous() if c else t for t, c in zip(inputs, copies, strict=True)]
+        cached = entry.layouts[key] = (copies, pointwise_args(out, fixed))
+    copies, packed = cached
+    if any(copies):
+        inputs = [t.contiguous() if c else t for t, c in zip(inputs, copies, strict=True)]
+    args = FactPointwiseArgs.from_buffer_copy(packed)
+    args.out = out.data_ptr()
+    for j, t in enumerate(inputs):
+        args.inputs[j] = t.data_ptr()
+    stream = torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else None
+    status = lib.pointwise_run(args, stream)  # it checks can_implement first
+    if status == Status.OK:
+        return
+    message = lib.last_error()
+    if status in (Status.NOT_SUPPORTED, Status.INVALID_ARGS):
         shapes = ", ".join(
             f"in{j} {list(t.shape)} stride {list(t.stride())}" for j, t in enumerate(inputs)
         )
         raise FactError(
             f"fact::pointwise {label}: the kernel cannot run an output of {list(out.shape)} "
-            f"stride {list(out.stride())} from {shapes}: {lib.last_error()}"
+            f"stride {list(out.stride())} from {shapes}: {message}"
         )
-    stream = torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else None
-    lib.check(lib.pointwise_run(args, stream))
+    raise KernelStatusError(status, message, str(lib.path))
 
 
 @torch.library.custom_op("fact::pointwise", mutates_args=())
