@@ -20,6 +20,16 @@ std::string cutlass_element(const std::string& dtype) {
   throw NotSupported("dtype " + dtype + " has no CUTLASS sm90 GEMM path in FACT yet");
 }
 
+std::string cuda_type(const std::string& dtype, const std::string& family, bool with_bool) {
+  if (dtype == "bf16") return "__nv_bfloat16";
+  if (dtype == "f16") return "__half";
+  if (dtype == "f32") return "float";
+  if (dtype == "bool" && with_bool) return "bool";
+  throw NotSupported("dtype " + dtype + " has no " + family + " kernel");
+}
+
+int dtype_size(const std::string& dtype) { return dtype == "f32" ? 4 : dtype == "bool" ? 1 : 2; }
+
 namespace {
 
 std::string float_literal(const json& v) {

@@ -67,6 +67,12 @@ std::string substitute(const std::string& text, const std::map<std::string, std:
 // The CUTLASS element type of a plan dtype (bf16, f16, f32); NotSupported for others.
 std::string cutlass_element(const std::string& dtype);
 
+// The CUDA type of a plan dtype in the hand-written kernel families (row norms, pointwise):
+// bf16, f16, f32, and bool where `with_bool`; NotSupported naming `family` for others.
+std::string cuda_type(const std::string& dtype, const std::string& family, bool with_bool = false);
+// Bytes per element of those dtypes.
+int dtype_size(const std::string& dtype);
+
 // 10 hex digits of a stable (FNV-1a) hash: the spec part of kernel names.
 std::string short_hash(const std::string& text);
 

@@ -12,14 +12,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string cuda_type(const std::string& dtype) {
-  if (dtype == "bf16") return "__nv_bfloat16";
-  if (dtype == "f16") return "__half";
-  if (dtype == "f32") return "float";
-  throw NotSupported("dtype " + dtype + " has no row-norm kernel");
-}
-
-int dtype_bytes(const std::string& dtype) { return dtype == "f32" ? 4 : 2; }
+std::string cuda_type(const std::string& dtype) { return realize::cuda_type(dtype, "row-norm"); }
 
 std::string operand_dtype(const json& pattern, const std::string& role) {
   for (const auto& o : pattern.at("operands")) {
@@ -64,7 +57,7 @@ NormSpec NormSpec::from_pattern(const json& p) {
   return s;
 }
 
-int NormSpec::vector_width() const { return 16 / dtype_bytes(dtype_in); }
+int NormSpec::vector_width() const { return 16 / dtype_size(dtype_in); }
 
 std::string NormSpec::id() const {
   return short_hash(

@@ -16,15 +16,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string cuda_type(const std::string& dtype) {
-  if (dtype == "bf16") return "__nv_bfloat16";
-  if (dtype == "f16") return "__half";
-  if (dtype == "f32") return "float";
-  if (dtype == "bool") return "bool";
-  throw NotSupported("dtype " + dtype + " has no pointwise kernel");
-}
-
-int dtype_bytes(const std::string& dtype) { return dtype == "f32" ? 4 : dtype == "bool" ? 1 : 2; }
+std::string cuda_type(const std::string& dtype) { return realize::cuda_type(dtype, "pointwise", true); }
 
 // A float literal for CUDA C++ (NaN and infinities by name).
 std::string literal(double v) {
@@ -261,7 +253,7 @@ std::string access_list(const std::vector<std::string>& access) {
 
 std::string input_bytes(const std::vector<std::string>& inputs) {
   std::string out;
-  for (const auto& d : inputs) out += std::string(out.empty() ? "" : ", ") + std::to_string(dtype_bytes(d));
+  for (const auto& d : inputs) out += std::string(out.empty() ? "" : ", ") + std::to_string(dtype_size(d));
   return out.empty() ? "1" : out;
 }
 
@@ -294,7 +286,7 @@ PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
   if (s.ssa.empty()) throw NotSupported("an empty expression");
   // 16 bytes of output per thread, narrowed until it divides the last dim and every slice
   // start and concatenation boundary (so no vector straddles one).
-  int64_t vec = 16 / dtype_bytes(s.dtype_out);
+  int64_t vec = 16 / dtype_size(s.dtype_out);
   vec = std::gcd(vec, s.cols);
   for (const auto& e : s.ssa) {
     const std::string op = e.at("op");

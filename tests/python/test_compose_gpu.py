@@ -72,9 +72,8 @@ def test_generated_kernels_replace_the_patterns_and_match_eager(optimized):
     assert opt.report["verification"]["passed"]
 
 
-def test_cuda_graph_replay_and_plain_launches_agree(optimized):
-    model, x, opt, _ = optimized
-    y = torch.randn_like(x)
+def _replayed_and_plain(opt, y):
+    """(replayed on y, replayed on 2y, plain launches on y) from a composed module."""
     saved = opt.cuda_graphs
     try:
         opt.cuda_graphs = True
@@ -84,6 +83,12 @@ def test_cuda_graph_replay_and_plain_launches_agree(optimized):
         plain = opt(y)
     finally:
         opt.cuda_graphs = saved
+    return first, second, plain
+
+
+def test_cuda_graph_replay_and_plain_launches_agree(optimized):
+    model, x, opt, _ = optimized
+    first, second, plain = _replayed_and_plain(opt, torch.randn_like(x))
     assert torch.equal(first, plain)
     assert not torch.equal(first, second)
 
@@ -331,16 +336,7 @@ def test_generated_pointwise_kernels_are_verified_in_context(rope_optimized):
 
 def test_rope_module_replays_in_a_cuda_graph(rope_optimized):
     model, x, opt, _ = rope_optimized
-    y = torch.randn_like(x)
-    saved = opt.cuda_graphs
-    try:
-        opt.cuda_graphs = True
-        first = opt(y)
-        second = opt(y * 2)  # outputs are cloned out of the graph: `first` must survive
-        opt.cuda_graphs = False
-        plain = opt(y)
-    finally:
-        opt.cuda_graphs = saved
+    first, second, plain = _replayed_and_plain(opt, torch.randn_like(x))
     for f, p, s in zip(first, plain, second, strict=True):
         assert torch.equal(f, p)
         assert not torch.equal(f, s)
