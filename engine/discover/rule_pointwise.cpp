@@ -29,33 +29,47 @@ namespace {
 
 bool kernel_dtype(DType d) { return d == DType::f32 || d == DType::bf16 || d == DType::f16 || d == DType::boolean; }
 
-// A slice of the last dim with step 1: [start, start + length).
+// An integer argument, or `dflt` when it is absent or None; false for anything else (a symbol
+// of a dynamic shape, a tensor): such a slice or concatenation is not an index function.
+bool int_arg(const Arg* a, int64_t dflt, int64_t& out) {
+  if (!a || a->kind == Arg::Kind::none) {
+    out = dflt;
+    return true;
+  }
+  if (a->kind != Arg::Kind::integer) return false;
+  out = a->i;
+  return true;
+}
+
+// A slice of the last dim with step 1: [start, start + length). Not one that narrows the last
+// dim to a single column: that value broadcasts along the last dim (every column reads column
+// `start`), which an index shift cannot express; left outside, it is a broadcast operand.
 bool last_dim_slice(const Graph& g, const Node& n, int64_t& start, int64_t& length) {
   if (n.op != Op::slice || n.outputs.size() != 1) return false;
   const int src = first_operand(n);
   if (src < 0) return false;
   const auto& in = g.node(src).type();
-  const Arg* dim = n.arg(1, "dim");
-  const Arg* step = n.arg(4, "step");
-  const int64_t d = dim && dim->kind == Arg::Kind::integer ? dim->i : 0;
-  if (in.rank() == 0 || norm_dim(d, in.rank()) != in.rank() - 1) return false;
-  if (step && step->kind == Arg::Kind::integer && step->i != 1) return false;
+  int64_t d = 0, step = 1;
+  if (!int_arg(n.arg(1, "dim"), 0, d) || !int_arg(n.arg(4, "step"), 1, step) ||
+      !int_arg(n.arg(2, "start"), 0, start)) {
+    return false;
+  }
+  if (in.rank() == 0 || norm_dim(d, in.rank()) != in.rank() - 1 || step != 1) return false;
   const int64_t size = in.shape.back();
-  const Arg* s = n.arg(2, "start");
-  start = s && s->kind == Arg::Kind::integer ? s->i : 0;
   if (start < 0) start += size;
   start = std::clamp<int64_t>(start, 0, size);
   length = n.type().shape.back();
+  if (length == 1 && size != 1) return false;
   return start + length <= size;
 }
 
-// A concatenation along the last dim of tensors of the output's rank.
+// A concatenation along the last dim of tensors of the output's rank (wider than one column).
 bool last_dim_cat(const Graph& g, const Node& n) {
   if (n.op != Op::cat || n.outputs.size() != 1) return false;
   const int rank = n.type().rank();
-  const Arg* dim = n.arg(1, "dim");
-  const int64_t d = dim && dim->kind == Arg::Kind::integer ? dim->i : 0;
-  if (rank == 0 || norm_dim(d, rank) != rank - 1) return false;
+  int64_t d = 0;
+  if (!int_arg(n.arg(1, "dim"), 0, d) || rank == 0 || norm_dim(d, rank) != rank - 1) return false;
+  if (n.type().shape.back() <= 1) return false;
   const auto ops = g.operands(n);
   return !ops.empty() && std::all_of(ops.begin(), ops.end(), [&](int o) { return g.node(o).type().rank() == rank; });
 }
@@ -181,6 +195,7 @@ std::vector<Match> pointwise_regions(const Graph& g, const std::vector<char>& co
     }
     if (!ok || m.operands.size() > 16 || out_type.rank() > 8) continue;
     eg.root = expr.at(exit);
+    eg.compact();  // the root is the last entry (what realize evaluates)
     for (const auto& e : eg.exprs) {
       if (e.kind != Expr::Kind::fn) continue;
       m.epilogue.push_back(e.fn == "slice_last" ? "slice" : e.fn == "cat_last" ? "cat" : e.fn);
@@ -188,8 +203,10 @@ std::vector<Match> pointwise_regions(const Graph& g, const std::vector<char>& co
     std::vector<std::string> names;
     std::string inputs;
     std::vector<std::string> access;  // how each operand's last dim is read, as traced
+    nlohmann::json operand_strides = nlohmann::json::array();
     for (const auto& o : m.operands) {
       const auto& t = g.node(o.node).type();
+      operand_strides.push_back(t.strides);
       access.push_back(t.rank() == 0 || t.shape.back() == 1 ? "broadcast"
                        : t.strides.back() == 1            ? "contiguous"
                                                           : "strided");
@@ -201,6 +218,7 @@ std::vector<Match> pointwise_regions(const Graph& g, const std::vector<char>& co
     m.problem = {{"numel", out_type.numel()}, {"cols", out_type.shape.back()}};
     m.attrs = {{"inputs", inputs},
                {"access", access},
+               {"operand_strides", operand_strides},
                {"dtype_out", ir::dtype_name(out_type.dtype)},
                {"shape", out_type.shape},
                {"strides", out_type.strides}};

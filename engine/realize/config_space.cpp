@@ -63,7 +63,7 @@ json search_space(const discover::Match& m, const std::string& arch) {
     case Family::norm:
       return {{"rows_per_block", {1, 2, 4, 8}}, {"vector_bytes", {8, 16}}, {"threads", {128, 256, 512}}};
     case Family::pointwise:  // realize/pointwise.h: 16-byte vectors of the last dim per thread
-      return {{"threads", {128, 256}}, {"items", {2, 4}}};
+      return {{"block", {"128x4", "256x2", "256x4"}}};  // threads x vectors a thread
   }
   return json::object();
 }

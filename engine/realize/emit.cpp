@@ -30,6 +30,24 @@ std::string cuda_type(const std::string& dtype, const std::string& family, bool 
 
 int dtype_size(const std::string& dtype) { return dtype == "f32" ? 4 : dtype == "bool" ? 1 : 2; }
 
+std::vector<int64_t> type_shape(const std::string& type) {
+  const auto open = type.find('['), close = type.rfind(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) {
+    throw NotSupported("the operand type '" + type + "' has no shape");
+  }
+  std::vector<int64_t> shape;
+  std::istringstream in(type.substr(open + 1, close - open - 1));
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      size_t used = 0;
+      shape.push_back(std::stoll(item, &used));
+    } catch (const std::exception&) {
+      throw NotSupported("the operand type '" + type + "' has a size that is not a number");
+    }
+  }
+  return shape;
+}
+
 namespace {
 
 std::string float_literal(const json& v) {
@@ -322,14 +340,8 @@ json gated_mlp_tail(const json& lowered) {
       e["index"] = e.at("index").get<int>() + 1;
     }
   }
-  const std::string type = up.value("type", "");
-  std::vector<int64_t> shape;
-  for (size_t at = type.find('['); at != std::string::npos && at + 1 < type.size();) {
-    size_t used = 0;
-    shape.push_back(std::stoll(type.substr(at + 1), &used));
-    at = type.find(',', at + 1 + used);
-  }
-  if (shape.empty()) throw NotSupported("the up projection's type '" + type + "' has no shape");
+  const std::vector<int64_t> shape = type_shape(up.value("type", ""));
+  if (shape.empty()) throw NotSupported("the up projection's output has no dims");
   std::vector<int64_t> strides(shape.size(), 1);
   int64_t numel = 1;
   for (size_t d = shape.size(); d-- > 0;) {
@@ -342,7 +354,8 @@ json gated_mlp_tail(const json& lowered) {
   gate.erase("broadcast");
   up["role"] = "in1";
   up.erase("broadcast");
-  const std::string text = lowered.at("epilogue_expr").value("text", "");
+  std::string text = lowered.at("epilogue_expr").value("text", "");
+  if (const auto at = text.find("acc"); at != std::string::npos) text.replace(at, 3, "gate");
   std::string steps;
   for (const auto& step : lowered.at("epilogue")) steps += (steps.empty() ? "" : "+") + step.get<std::string>();
   return {{"family", "pointwise"},
@@ -351,11 +364,11 @@ json gated_mlp_tail(const json& lowered) {
           {"operands", {gate, up}},
           {"output", lowered.value("output", "")},
           {"epilogue", lowered.at("epilogue")},
-          {"epilogue_expr", {{"text", text.substr(0, text.find("acc")) + "gate" + text.substr(text.find("acc") + 3)},
-                             {"ssa", ssa}}},
+          {"epilogue_expr", {{"text", text}, {"ssa", ssa}}},
           {"problem", {{"numel", numel}, {"cols", shape.back()}}},
           {"attrs", {{"inputs", attrs.value("dtype_out", "")},
                      {"access", {"contiguous", "contiguous"}},
+                     {"operand_strides", {strides, strides}},
                      {"dtype_out", attrs.value("dtype_out", "")},
                      {"shape", shape},
                      {"strides", strides}}}};

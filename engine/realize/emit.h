@@ -72,6 +72,9 @@ std::string cutlass_element(const std::string& dtype);
 std::string cuda_type(const std::string& dtype, const std::string& family, bool with_bool = false);
 // Bytes per element of those dtypes.
 int dtype_size(const std::string& dtype);
+// The shape in a plan operand's type, "bf16[4, 2048, 128]" -> {4, 2048, 128}; NotSupported if
+// it has none.
+std::vector<int64_t> type_shape(const std::string& type);
 
 // 10 hex digits of a stable (FNV-1a) hash: the spec part of kernel names.
 std::string short_hash(const std::string& text);

@@ -300,6 +300,21 @@ PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
     }
   }
   s.vec = static_cast<int>(std::max<int64_t>(vec, 1));
+  // A contiguous operand is read as aligned vectors: its rows (as traced, and as a contiguous
+  // copy would have them) must start on vector boundaries; otherwise it is read strided.
+  const auto strides = a.value("operand_strides", json::array());
+  const auto& operands = p.at("operands");
+  for (size_t i = 0; i < s.access.size(); ++i) {
+    if (s.access[i] != "contiguous") continue;
+    const auto shape = type_shape(operands[i].value("type", ""));
+    bool rows_fit = !shape.empty() && shape.back() % s.vec == 0;
+    if (i < strides.size() && strides[i].size() == shape.size()) {
+      for (size_t d = 0; d + 1 < shape.size(); ++d) {
+        rows_fit = rows_fit && (shape[d] == 1 || strides[i][d].get<int64_t>() % s.vec == 0);
+      }
+    }
+    if (!rows_fit) s.access[i] = "strided";
+  }
   // Every function must have kernel code: emit once to find out.
   BodyWriter(s.ssa, s.access).body(static_cast<int>(s.ssa.size()) - 1);
   return s;

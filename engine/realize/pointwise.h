@@ -1,7 +1,7 @@
 // Emission for pointwise regions (discover/rule_pointwise.cpp): a plan pattern of family
 // `pointwise` -> one CUDA C++ kernel per block shape, exporting the C ABI in
-// abi/fact_pointwise_abi.h. Memory-bound: each thread computes one 16-byte vector of the last
-// dim; no CUTLASS collective is involved.
+// abi/fact_pointwise_abi.h. Memory-bound: each thread computes 2 or 4 16-byte vectors of the
+// last dim, a block apart; no CUTLASS collective is involved.
 //
 // The expression is the pattern's SSA over its operands (see discover/expr.h) plus two index
 // functions of the last dim: slice_last [start, length] reads its argument at coordinate

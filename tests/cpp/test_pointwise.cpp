@@ -125,6 +125,37 @@ TEST(PointwiseRegion, AccessKindsFollowTheTracedLastDim) {
   EXPECT_EQ(c->match.attrs["access"], json({"contiguous", "broadcast", "strided"}));
 }
 
+TEST(PointwiseRegion, AOneColumnSliceIsABroadcastOperandNotAnIndexShift) {
+  // (x - x[..., :1]) * y: every column reads column 0 of x; an index shift would read column c.
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 64}));
+  b.input("y", T("f32", {4, 64}));
+  b.call("first", "aten.slice.Tensor", {N("x"), -1, 0, 1}, T("f32", {4, 1}, std::vector<int64_t>{64, 1}));
+  b.call("d", "aten.sub.Tensor", {N("x"), N("first")}, T("f32", {4, 64}));
+  b.call("r", "aten.mul.Tensor", {N("d"), N("y")}, T("f32", {4, 64}));
+  const auto p = plan(b);
+  const auto* c = pointwise(p);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(names(p.g, c->match.nodes), (Names{"d", "r"}));
+  Names operands;
+  for (const auto& o : c->match.operands) operands.push_back(p.g.node(o.node).name);
+  EXPECT_EQ(operands, (Names{"x", "first", "y"}));
+  EXPECT_EQ(c->match.attrs["access"], json({"contiguous", "broadcast", "contiguous"}));
+}
+
+TEST(PointwiseRegion, SlicesWithSymbolicBoundsStayOutside) {
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 64}));
+  b.call("s", "aten.slice.Tensor", {N("x"), -1, json{{"symbol", "s0"}}, 64}, T("f32", {4, 32}));
+  b.call("e", "aten.exp.default", {N("s")}, T("f32", {4, 32}));
+  b.call("t", "aten.tanh.default", {N("e")}, T("f32", {4, 32}));
+  const auto p = plan(b);
+  const auto* c = pointwise(p);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(names(p.g, c->match.nodes), (Names{"e", "t"}));
+  EXPECT_EQ(p.g.node(c->match.operands[0].node).name, "s");
+}
+
 TEST(PointwiseRegion, OneOpAloneIsLeftToPytorch) {
   GraphBuilder b;
   b.input("x", T("bf16", {8, 32}));
@@ -196,6 +227,24 @@ TEST(PointwiseEmit, VectorWidthDividesEveryBoundary) {
   }
   pattern["problem"]["cols"] = 12;
   EXPECT_EQ(PointwiseSpec::from_pattern(pattern).vec, 2);
+}
+
+TEST(PointwiseEmit, OperandsWhoseRowsMissVectorBoundariesAreReadStrided) {
+  // sigmoid(x[..., :8] * y) with x [4, 12] bf16: 8-wide vectors, but x's rows are 12 apart.
+  GraphBuilder b("bf16");
+  b.input("x", T("bf16", {4, 12}));
+  b.input("y", T("bf16", {4, 8}));
+  b.call("s", "aten.slice.Tensor", {N("x"), -1, 0, 8}, T("bf16", {4, 8}, std::vector<int64_t>{12, 1}));
+  b.call("m", "aten.mul.Tensor", {N("s"), N("y")}, T("bf16", {4, 8}));
+  b.call("r", "aten.sigmoid.default", {N("m")}, T("bf16", {4, 8}));
+  const auto p = plan(b);
+  const auto* c = pointwise(p);
+  ASSERT_NE(c, nullptr);
+  json pattern = plan_pattern(p, *c);
+  EXPECT_EQ(pattern["attrs"]["access"], json({"contiguous", "contiguous"}));  // as traced
+  const auto spec = PointwiseSpec::from_pattern(pattern);
+  EXPECT_EQ(spec.vec, 8);
+  EXPECT_EQ(spec.access, (std::vector<std::string>{"strided", "contiguous"}));
 }
 
 TEST(PointwiseEmit, ParametersAndCastsBecomeLiterals) {

@@ -245,6 +245,20 @@ def test_fact_pointwise_refuses_wrong_inputs():
         torch.ops.fact.pointwise([q, cos.double(), sin], handle, shape, strides)
     with pytest.raises(FactError, match="the kernel reads 3 inputs, 2 were given"):
         torch.ops.fact.pointwise([q, cos], handle, shape, strides)
+    # the columns each input was traced with: a narrower input would be read past its rows
+    checked = register_kernel(
+        PointwiseKernel(
+            rope_ssa(8),
+            [torch.float32] * 3,
+            torch.float32,
+            16,
+            "reference",
+            label="rope_cols",
+            input_cols=[16, 16, 16],
+        )  # fmt: skip
+    )
+    with pytest.raises(FactError, match=r"in2 has a last dim of 8, the kernel reads 16 columns"):
+        torch.ops.fact.pointwise([q, cos, sin[..., :8]], checked, shape, strides)
     from fact.compose.ops import NormKernel
 
     norm = register_kernel(NormKernel("rms_norm", 16, 1e-6, torch.float32, "reference"))
@@ -440,14 +454,18 @@ def test_generated_kernel_path_through_a_host_library(fake_rope_library, monkeyp
     )
     assert out.is_contiguous()
     torch.testing.assert_close(out, traced, rtol=1e-6, atol=1e-6)
-    # the kernel's refusal comes back with its own message, the kernel and the shapes named
+    # inputs narrower than traced never reach the kernel
     odd = torch.randn(2, 4, 32, 15)
+    odd_args = ([odd, cos[:, :15], sin[:, :15]], impl.handle, [2, 4, 32, 15], [1920, 480, 15, 1])
+    with pytest.raises(FactError, match=r"in0 has a last dim of 15, the kernel reads 16 columns"):
+        torch.ops.fact.pointwise(*odd_args)
+    # without that check, the kernel's refusal comes back with its own message, the kernel and
+    # the shapes named
+    kernel_entry(impl.handle).input_cols = None
     with pytest.raises(FactError, match=r"fact::pointwise fake_rope: the kernel cannot run an "
                        r"output of \[2, 4, 32, 15\].*in0 \[2, 4, 32, 15\].*the last dim must be "
                        r"even"):  # fmt: skip
-        torch.ops.fact.pointwise(
-            [odd, cos[:, :15], sin[:, :15]], impl.handle, [2, 4, 32, 15], [1920, 480, 15, 1]
-        )
+        torch.ops.fact.pointwise(*odd_args)
     # an empty output launches nothing
     empty = torch.ops.fact.pointwise(
         [q[:0], cos, sin], impl.handle, [0, 4, 32, 16], [2048, 16, 64, 1]

@@ -669,6 +669,7 @@ class PointwiseImpl(Impl):
         cols = int(problem.get("cols") or (self.shape[-1] if self.shape else 1))
         if backend == "cutlass":
             _check_pointwise_library(library, label, dtypes, dtype_out, cols, self.shape)
+        shapes = [parse_type(o.get("type", ""))[1] for o in operands]
         entry = PointwiseKernel(
             ssa,
             [torch_dtype(d) for d in dtypes],
@@ -677,6 +678,7 @@ class PointwiseImpl(Impl):
             backend,
             library,
             label,
+            input_cols=[shape[-1] if shape else 1 for shape in shapes],
         )
         self.n_inputs = len(operands)
         self.handle = register_kernel(entry)

@@ -98,6 +98,8 @@ class PointwiseKernel:
     backend: str  # cutlass (a generated library) | reference
     library: KernelLibrary | None = None
     label: str = ""
+    # each input's last dim as traced (None: unchecked); the kernel reads that many columns
+    input_cols: list[int] | None = None
     # packed args per (output, inputs) layout, pointers left to fill: a module calls the kernel
     # with the same layouts every time, so each call only writes its data pointers
     layouts: dict[tuple, FactPointwiseArgs] = field(default_factory=dict, repr=False)
@@ -470,6 +472,12 @@ def _pointwise_dtypes(label: str, entry: PointwiseKernel, inputs, on_cuda: bool)
             f"fact::pointwise {label}: the kernel reads {len(entry.inputs)} inputs, "
             f"{len(inputs)} were given"
         )
+    for j, (t, cols) in enumerate(zip(inputs, entry.input_cols or [], strict=False)):
+        if t.dim() and t.shape[-1] != cols:
+            raise FactError(
+                f"fact::pointwise {label}: in{j} has a last dim of {t.shape[-1]}, the kernel "
+                f"reads {cols} columns there (shape {list(t.shape)})"
+            )
     pairs = [(f"in{j}", t, d) for j, (t, d) in enumerate(zip(inputs, entry.inputs, strict=True))]
     if on_cuda:
         _check_dtypes(f"fact::pointwise {label}", pairs)
@@ -479,6 +487,9 @@ def _pointwise_dtypes(label: str, entry: PointwiseKernel, inputs, on_cuda: bool)
             raise FactError(
                 f"fact::pointwise {label}: {name} is {t.dtype}, the kernel reads {dtype}"
             )
+
+
+_MAX_LAYOUTS = 64  # packed-argument layouts kept per pointwise kernel
 
 
 def _contiguous_copies(info: dict[str, Any], inputs: Sequence[torch.Tensor]) -> tuple[bool, ...]:
@@ -505,13 +516,16 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     _pointwise_dtypes(label, entry, inputs, on_cuda=True)
     if out.numel() == 0:
         return
+    vec = int(lib.info.get("vec") or 1)
     key = (
         out.shape,
         out.stride(),
-        tuple((t.shape, t.stride(), t.data_ptr() % 16) for t in inputs),
+        tuple((t.shape, t.stride(), t.data_ptr() % (t.element_size() * vec)) for t in inputs),
     )
     cached = entry.layouts.get(key)
     if cached is None:
+        if len(entry.layouts) >= _MAX_LAYOUTS:
+            entry.layouts.clear()  # a caller cycling through layouts: start over
         copies = _contiguous_copies(lib.info, inputs)
         fixed = [t.contiguous() if c else t for t, c in zip(inputs, copies, strict=True)]
         cached = entry.layouts[key] = (copies, pointwise_args(out, fixed))

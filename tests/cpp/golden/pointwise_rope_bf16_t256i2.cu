@@ -111,7 +111,7 @@ __device__ __forceinline__ float fact_softplus(float x, float beta, float thresh
   return beta * x > threshold ? x : log1pf(expf(beta * x)) / beta;
 }
 __device__ __forceinline__ float fact_mish(float x) { return x * tanhf(fact_softplus(x, 1.0f, 20.0f)); }
-__device__ __forceinline__ float fact_hardsigmoid(float x) { return fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
+__device__ __forceinline__ float fact_hardsigmoid(float x) { return fact_clamp(x + 3.0f, 0.0f, 6.0f) / 6.0f; }
 __device__ __forceinline__ float fact_hardswish(float x) { return x * fact_hardsigmoid(x); }
 __device__ __forceinline__ float fact_leaky_relu(float x, float slope) { return x >= 0.0f ? x : x * slope; }
 __device__ __forceinline__ float fact_elu(float x, float alpha, float scale, float input_scale) {
@@ -130,7 +130,7 @@ struct Params {
 
 // The magic numbers of a division by d (1 <= d < 2^31) for dividends below 2^31.
 void fast_divisor(int64_t d, uint32_t& mul, uint32_t& shr) {
-  if (d <= 1) {
+  if (d <= 1 || d > 2147483647) {  // 1; or too large for the 32-bit path, which never runs then
     mul = shr = 0;
     return;
   }
