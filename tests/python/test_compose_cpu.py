@@ -404,6 +404,25 @@ def test_wrong_implementations_are_rejected_per_pattern(engine_available, tmp_pa
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+def test_candidates_and_the_subgraph_take_turns(ref_opt):
+    """Each verified candidate and the PyTorch subgraph are timed in CHECK_ROUNDS interleaved
+    turns; the times compared are the medians of the turns."""
+    import statistics
+
+    from fact.compose.optimize import CHECK_ROUNDS
+
+    _, _, opt, _ = ref_opt
+    checked = [p for p in opt.report["patterns"] if p["candidates"]]
+    assert checked
+    for p in checked:
+        assert len(p["eager_turns_us"]) == CHECK_ROUNDS
+        assert p["eager_us"] == statistics.median(p["eager_turns_us"])
+        for c in p["candidates"]:
+            if c["ok"]:
+                assert len(c["turns_us"]) == CHECK_ROUNDS
+                assert c["time_us"] == statistics.median(c["turns_us"])
+
+
 def test_require_faster_keeps_pytorch_when_the_implementation_is_slower(engine_available, tmp_path):
     torch.manual_seed(5)
     model, x = LinearTail().eval(), torch.randn(4, 16, 64)

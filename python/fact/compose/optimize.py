@@ -63,6 +63,10 @@ TOLERANCES = {
     "highest": (1e-5, 1e-4),
 }
 PATTERN_REPS = 20
+#: The PyTorch subgraph and every verified candidate of a pattern take turns this many times,
+#: each turn a median of PATTERN_REPS calls; each is ranked by the median of its turns, so a
+#: drift in clocks during the check does not favour whichever ran first.
+CHECK_ROUNDS = 3
 
 
 def cache_root() -> Path:
@@ -318,10 +322,10 @@ def evaluate(
     values: Mapping[str, Any],
     device: torch.device,
     tol: float,
-    base_us: float | None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Callable[[], Any] | None]:
     """Step 4 for one implementation: its error against the original subgraph's value on the
-    module's own intermediates, and its time there."""
+    module's own intermediates, and its time there (the first turn; see `choose`). Returns the
+    result and, when it verified, the call that runs it (for the other turns)."""
     result: dict[str, Any] = {
         "impl": impl.name,
         "kind": impl.kind,
@@ -342,15 +346,31 @@ def evaluate(
             result["error"] = err
             if not err <= tol:
                 result["message"] = f"error {err:.3g} exceeds {tol:g}"
-                return result
+                return result, None
             result["time_us"] = time_us(lambda: module(*args), device)
     except Exception as exc:  # noqa: BLE001 - any failure rejects this implementation only
         result["message"] = f"{type(exc).__name__}: {exc}"
-        return result
+        return result, None
     result["ok"] = True
-    if base_us is not None and result["time_us"] >= base_us:
-        result["message"] = "slower than the PyTorch subgraph"
-    return result
+    return result, lambda: module(*args)
+
+
+def _take_turns(
+    base: Callable[[], Any],
+    runs: Mapping[int, Callable[[], Any]],
+    first: Mapping[Any, float],
+    device: torch.device,
+) -> dict[Any, list[float]]:
+    """CHECK_ROUNDS turns of timing (the first already taken, in `first`): the subgraph
+    ("pytorch") and each verified candidate in turn, so that they share the GPU's conditions;
+    every other round runs them in reverse order, so that none is always timed last."""
+    turns: dict[Any, list[float]] = {key: [t] for key, t in first.items()}
+    order: list[tuple[Any, Callable[[], Any]]] = [("pytorch", base), *runs.items()]
+    with torch.no_grad():
+        for r in range(1, CHECK_ROUNDS):
+            for key, fn in reversed(order) if r % 2 else order:
+                turns[key].append(time_us(fn, device))
+    return turns
 
 
 def choose(
@@ -397,9 +417,23 @@ def choose(
             d["reason"] = f"the pattern's subgraph cannot run alone: {exc}"
             decisions.append(d)
             continue
-        base = d["eager_us"] if require_faster else None
-        for impl in options:
-            d["candidates"].append(evaluate(program, pattern, impl, values, device, tol, base))
+        runs: dict[int, Callable[[], Any]] = {}
+        for i, impl in enumerate(options):
+            c, run = evaluate(program, pattern, impl, values, device, tol)
+            d["candidates"].append(c)
+            if run is not None:
+                runs[i] = run
+        if runs:
+            first = {"pytorch": d["eager_us"]}
+            first.update({i: d["candidates"][i]["time_us"] for i in runs})
+            turns = _take_turns(lambda m=module, a=args: m(*a), runs, first, device)
+            d["eager_us"] = statistics.median(turns["pytorch"])
+            d["eager_turns_us"] = turns["pytorch"]
+            for i in runs:
+                c = d["candidates"][i]
+                c["time_us"], c["turns_us"] = statistics.median(turns[i]), turns[i]
+                if require_faster and c["time_us"] >= d["eager_us"]:
+                    c["message"] = "slower than the PyTorch subgraph"
         good = [(c, i) for c, i in zip(d["candidates"], options, strict=True) if c["ok"]]
         faster = [(c, i) for c, i in good if not require_faster or c["time_us"] < d["eager_us"]]
         if faster:
