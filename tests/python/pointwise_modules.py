@@ -48,3 +48,43 @@ class RopeProjection(nn.Module):
         k = self.wk(x).view(b, s, self.kv_heads, self.hd).transpose(1, 2)
         cos, sin = self.cos[:s].to(x.dtype), self.sin[:s].to(x.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+class PointwiseZoo(nn.Module):
+    """Pointwise regions that exercise the kernels' other paths, each one region with inputs
+    only (no GEMM in front):
+
+    - a transposed input (last dim strided) against a column broadcast along the last dim;
+    - x - x[..., :1] (a one-column slice: a broadcast operand, not an index shift), then a mask
+      through where;
+    - f32 inputs with a bf16 cast and an odd row length (12: narrower vectors; rows not on
+      8-element boundaries are read strided);
+    - silu(gate) * up, the gated MLP's tail.
+
+    Inputs (see zoo_inputs): a [B, N, M] and at [B, M, N] (transposed inside), col [B, N, 1],
+    m [B, N, M] bool, f [B, N, 12] float32, gate and up [B, N, M].
+    """
+
+    def forward(self, a, at, col, m, f, gate, up):
+        r1 = torch.tanh(at.transpose(1, 2)) * col + a
+        r2 = torch.where(m, (a - a[..., :1]) * 0.5, -a)
+        r3 = (torch.sigmoid(f) * 2.0 - f).to(a.dtype)
+        r4 = torch.nn.functional.silu(gate) * up
+        return r1, r2, r3, r4
+
+
+def zoo_inputs(batch=2, n=24, m=64, dtype=torch.float32, device="cpu", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def rnd(*shape, dt=dtype):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dt)
+
+    return [
+        rnd(batch, n, m),
+        rnd(batch, m, n),
+        rnd(batch, n, 1),
+        (torch.rand(batch, n, m, generator=g) > 0.5).to(device),
+        rnd(batch, n, 12, dt=torch.float32),
+        rnd(batch, n, m),
+        rnd(batch, n, m),
+    ]

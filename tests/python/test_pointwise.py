@@ -579,8 +579,7 @@ def test_rope_regions_run_as_fact_pointwise(engine_available, tmp_path, dtype):
     model = RopeProjection().to(dtype).eval()
     x = torch.randn(2, 32, 64, dtype=dtype)
     plan = fact.discover(model, [x])
-    if not any(p["family"] == "pointwise" for p in plan["patterns"]):
-        pytest.skip("this fact-engine emits no pointwise patterns yet (rebuild the engine)")
+    assert sum(p["family"] == "pointwise" for p in plan["patterns"]) == 2, plan["patterns"]
     opt = fact.optimize(model, [x], implementations=pointwise_twins, require_faster=False,
                         use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
     regions = [p for p in opt.report["patterns"] if p["family"] == "pointwise"]
@@ -735,3 +734,34 @@ def test_inputs_unlike_the_traced_layout_are_copied_first():
     rows = torch.randn(4, 68, dtype=torch.bfloat16)[:, :64]  # rows 68 apart: not on 8s
     assert _contiguous_copies(info, [rows, col, base]) == (True, False, False)
     assert _contiguous_copies({"vec": 8}, [rows, col, base]) == (False, False, False)
+
+
+def test_zoo_regions_access_kinds_and_composition(engine_available, tmp_path):
+    """PointwiseZoo's four regions: a transposed (strided) input against a broadcast column, a
+    one-column slice kept as a broadcast operand under a boolean mask, f32 inputs cast to bf16
+    with rows of 12, and the SwiGLU product; each composed through its twin matches eager."""
+    from pointwise_modules import PointwiseZoo, zoo_inputs
+
+    model, x = PointwiseZoo().eval(), zoo_inputs(dtype=torch.bfloat16)
+    plan = fact.discover(model, x)
+    assert plan["pytorch_nodes"] == []
+    found = {p["output"]: p for p in plan["patterns"]}
+    assert {p["family"] for p in found.values()} == {"pointwise"} and len(found) == 4
+    access = {
+        out: dict(zip([o["node"] for o in p["operands"]], p["attrs"]["access"], strict=True))
+        for out, p in found.items()
+    }
+    assert access["add"] == {"transpose": "strided", "col": "broadcast", "a": "contiguous"}
+    assert access["where"] == {"a": "contiguous", "slice_1": "broadcast", "m": "contiguous"}
+    assert access["to"] == {"f": "contiguous"}
+    assert access["mul_3"] == {"gate": "contiguous", "up": "contiguous"}
+    opt = fact.optimize(model, x, implementations=pointwise_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    assert [p["chosen"] for p in opt.report["patterns"]] == ["reference:ref"] * 4
+    assert len(_calls(opt.graph_module, POINTWISE_OP)) == 4
+    y = zoo_inputs(dtype=torch.bfloat16, seed=1)
+    with torch.no_grad():
+        got, want = opt(*y), model(*y)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert rel_err(g.float(), w.float()) < 2e-2
