@@ -184,24 +184,24 @@ ATTENTION_BLOCKS = {
 }
 
 
+def _optimize_every_pattern(model, inputs, tmp_path_factory, name: str):
+    """fact.optimize with 2 candidates a pattern, every verified kernel kept whether or not it is
+    faster (the tests check verification, not speed); returns (module, run directory)."""
+    run = tmp_path_factory.mktemp(name)
+    os.environ.setdefault("FACT_CACHE_DIR", str(run / "cache"))
+    opt = fact.optimize(model, inputs, candidates=2, run_dir=run / "run", quiet=True,
+                        require_faster=False, use_cache=False)  # fmt: skip
+    return opt, run / "run"
+
+
 @pytest.fixture(scope="module", params=list(ATTENTION_BLOCKS))
 def attention_optimized(request, tmp_path_factory):
     make, shape = ATTENTION_BLOCKS[request.param]
     torch.manual_seed(2)
     model = make().cuda().to(torch.bfloat16).eval()
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-    run = tmp_path_factory.mktemp(f"attention-{request.param}")
-    os.environ.setdefault("FACT_CACHE_DIR", str(run / "cache"))
-    opt = fact.optimize(
-        model,
-        [x],
-        candidates=2,
-        run_dir=run / "run",
-        quiet=True,
-        require_faster=False,
-        use_cache=False,
-    )
-    return model, x, opt, run / "run"
+    opt, run = _optimize_every_pattern(model, [x], tmp_path_factory, f"attention-{request.param}")
+    return model, x, opt, run
 
 
 def _attention_decision(opt) -> dict:
@@ -287,18 +287,8 @@ def rope_optimized(tmp_path_factory):
     model = RopeProjection(width=1024, heads=8, kv_heads=2, seq=512)
     model = model.cuda().to(torch.bfloat16).eval()
     x = torch.randn(4, 512, 1024, device="cuda", dtype=torch.bfloat16)
-    run = tmp_path_factory.mktemp("rope")
-    os.environ.setdefault("FACT_CACHE_DIR", str(run / "cache"))
-    opt = fact.optimize(
-        model,
-        [x],
-        candidates=2,
-        run_dir=run / "run",
-        quiet=True,
-        require_faster=False,
-        use_cache=False,
-    )
-    return model, x, opt, run / "run"
+    opt, run = _optimize_every_pattern(model, [x], tmp_path_factory, "rope")
+    return model, x, opt, run
 
 
 def _pointwise_decisions(opt) -> list[dict]:
@@ -395,10 +385,7 @@ def test_pointwise_zoo_kernels_verify_in_context(tmp_path_factory):
     kernel must verify in context; the module must match eager."""
     model = PointwiseZoo().eval()
     x = zoo_inputs(batch=3, n=40, m=96, dtype=torch.bfloat16, device="cuda")
-    run = tmp_path_factory.mktemp("zoo")
-    os.environ.setdefault("FACT_CACHE_DIR", str(run / "cache"))
-    opt = fact.optimize(model, x, run_dir=run / "run", quiet=True, require_faster=False,
-                        use_cache=False)  # fmt: skip
+    opt, _ = _optimize_every_pattern(model, x, tmp_path_factory, "zoo")
     regions = [p for p in opt.report["patterns"] if p["family"] == "pointwise"]
     assert len(regions) == 4, opt.report["patterns"]
     for p in regions:
