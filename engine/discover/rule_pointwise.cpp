@@ -94,6 +94,11 @@ enum class Role { none, compute, slice, cat, identity };
 
 Role role_of(const Graph& g, const Node& n) {
   if (n.is_placeholder() || n.outputs.size() != 1 || !kernel_dtype(n.type().dtype)) return Role::none;
+  // A node reading a tensor the kernels cannot load (an int64 index, say) stays in PyTorch; the
+  // region around it stops there and reads its result instead.
+  for (int o : g.operands(n)) {
+    if (!kernel_dtype(g.node(o).type().dtype)) return Role::none;
+  }
   int64_t start = 0, length = 0;
   if (last_dim_slice(g, n, start, length)) return Role::slice;
   if (last_dim_cat(g, n)) return Role::cat;

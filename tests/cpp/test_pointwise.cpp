@@ -156,6 +156,22 @@ TEST(PointwiseRegion, SlicesWithSymbolicBoundsStayOutside) {
   EXPECT_EQ(p.g.node(c->match.operands[0].node).name, "s");
 }
 
+TEST(PointwiseRegion, AnOperandOfAnotherDtypeEndsTheRegionNotDropsIt) {
+  // x * idx.float() then tanh: the cast reads int64, which no kernel loads; it stays PyTorch's
+  // and the region (the product and tanh) reads its result.
+  GraphBuilder b;
+  b.input("x", T("f32", {8, 32}));
+  b.input("idx", T("i64", {8, 32}));
+  b.call("f", "aten.to.dtype", {N("idx"), DTypeArg("f32")}, T("f32", {8, 32}));
+  b.call("m", "aten.mul.Tensor", {N("x"), N("f")}, T("f32", {8, 32}));
+  b.call("t", "aten.tanh.default", {N("m")}, T("f32", {8, 32}));
+  const auto p = plan(b);
+  const auto* c = pointwise(p);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(names(p.g, c->match.nodes), (Names{"m", "t"}));
+  EXPECT_EQ(names(p.g, p.d.uncovered), (Names{"f"}));
+}
+
 TEST(PointwiseRegion, OneOpAloneIsLeftToPytorch) {
   GraphBuilder b;
   b.input("x", T("bf16", {8, 32}));
