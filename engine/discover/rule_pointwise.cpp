@@ -97,7 +97,8 @@ Role role_of(const Graph& g, const Node& n) {
   // A node reading a tensor the kernels cannot load (an int64 index, say) stays in PyTorch; the
   // region around it stops there and reads its result instead.
   for (int o : g.operands(n)) {
-    if (!kernel_dtype(g.node(o).type().dtype)) return Role::none;
+    const auto& producer = g.node(o);
+    if (producer.outputs.size() == 1 && !kernel_dtype(producer.type().dtype)) return Role::none;
   }
   int64_t start = 0, length = 0;
   if (last_dim_slice(g, n, start, length)) return Role::slice;
