@@ -162,6 +162,60 @@ def compile_c(source: str, out: Path, *flags: str, shared: bool = False) -> Path
     return out
 
 
+# C both fake kernel families share: bf16 <-> float (for `typedef uint16_t elem_t`), and the
+# error slot, the last call's arguments (`FAKE_ARGS`) and the ABI's identity functions.
+FAKE_BF16_C = r"""
+static float load(elem_t v) {
+  uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static elem_t store(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (elem_t)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (elem_t)(u >> 16);
+}
+"""
+FAKE_STATE_C = r"""
+static char g_error[256] = "";
+static FAKE_ARGS g_last;
+static void* g_workspace;
+static size_t g_workspace_bytes;
+static void* g_stream;
+static int g_runs;
+
+static int fail(int status, const char* what) {
+  snprintf(g_error, sizeof g_error, "%s", what);
+  return status;
+}
+
+int fact_abi_version(void) { return FAKE_VERSION; }
+const char* fact_kernel_name(void) { return FAKE_NAME; }
+const char* fact_kernel_info(void) { return FAKE_INFO; }
+const char* fact_last_error(void) { return g_error; }
+
+/* Test hook: the arguments of the last run call. */
+void fake_last_call(FAKE_ARGS* args, void** workspace, size_t* bytes, void** stream, int* runs) {
+  *args = g_last;
+  *workspace = g_workspace;
+  *bytes = g_workspace_bytes;
+  *stream = g_stream;
+  *runs = g_runs;
+}
+"""
+
+
+def _fake_source(template: str, args_type: str) -> str:
+    """A fake kernel's C source with the shared pieces filled in."""
+    state = FAKE_STATE_C.replace("FAKE_ARGS", args_type)
+    return template.replace("@FAKE_BF16@", FAKE_BF16_C.strip("\n")).replace(
+        "@FAKE_STATE@", state.strip("\n")
+    )
+
+
 FAKE_KERNEL_C = r"""
 /* A fake FACT kernel library: the C ABI of fact_gemm_abi.h with the GEMM computed on the host
  * (the CPU tests pass host pointers). Behaviour and types are chosen by macros. */
@@ -199,41 +253,14 @@ enum { GOOD, SEGV, WRONG, SKIP_TAIL, NOT_SUPPORTED, HANG, RECORD };
 
 #ifdef FAKE_BF16
 typedef uint16_t elem_t;
-static float load(elem_t v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static elem_t store(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (elem_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-  return (elem_t)(u >> 16);
-}
+@FAKE_BF16@
 #else
 typedef float elem_t;
 static float load(elem_t v) { return v; }
 static elem_t store(float f) { return f; }
 #endif
 
-static char g_error[256] = "";
-static FactGemmArgs g_last;
-static void* g_workspace;
-static size_t g_workspace_bytes;
-static void* g_stream;
-static int g_runs;
-
-static int fail(int status, const char* what) {
-  snprintf(g_error, sizeof g_error, "%s", what);
-  return status;
-}
-
-int fact_abi_version(void) { return FAKE_VERSION; }
-const char* fact_kernel_name(void) { return FAKE_NAME; }
-const char* fact_kernel_info(void) { return FAKE_INFO; }
-const char* fact_last_error(void) { return g_error; }
+@FAKE_STATE@
 
 int fact_gemm_can_implement(const FactGemmArgs* p) {
   if (!p || !p->a || !p->b || !p->d) return fail(FACT_INVALID_ARGS, "null operand pointer");
@@ -287,16 +314,8 @@ int fact_gemm_run(const FactGemmArgs* p, void* workspace, size_t workspace_bytes
   }
   return FACT_OK;
 }
-
-/* Test hook: the arguments of the last fact_gemm_run call. */
-void fake_last_call(FactGemmArgs* args, void** workspace, size_t* bytes, void** stream, int* runs) {
-  *args = g_last;
-  *workspace = g_workspace;
-  *bytes = g_workspace_bytes;
-  *stream = g_stream;
-  *runs = g_runs;
-}
 """
+FAKE_KERNEL_C = _fake_source(FAKE_KERNEL_C, "FactGemmArgs")
 
 MODES = {"good": 0, "segv": 1, "wrong": 2, "skip_tail": 3, "not_supported": 4, "hang": 5}
 MODES["record"] = 6
@@ -1466,6 +1485,7 @@ FAKE_ATTENTION_C = r"""
 
 #include "fact_attention_abi.h"
 
+#define FAKE_VERSION FACT_ABI_VERSION
 #ifndef FAKE_NAME
 #define FAKE_NAME "fake_attention"
 #endif
@@ -1484,36 +1504,9 @@ FAKE_ATTENTION_C = r"""
 enum { GOOD, SEGV, WRONG, SKIP_TAIL, NOT_SUPPORTED, HANG, RECORD, GQA_MOD, NO_MASK, SQRT_SCALE };
 
 typedef uint16_t elem_t;
-static float load(elem_t v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static elem_t store(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (elem_t)((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-  return (elem_t)(u >> 16);
-}
+@FAKE_BF16@
 
-static char g_error[256] = "";
-static FactAttentionArgs g_last;
-static void* g_workspace;
-static size_t g_workspace_bytes;
-static void* g_stream;
-static int g_runs;
-
-static int fail(int status, const char* what) {
-  snprintf(g_error, sizeof g_error, "%s", what);
-  return status;
-}
-
-int fact_abi_version(void) { return FACT_ABI_VERSION; }
-const char* fact_kernel_name(void) { return FAKE_NAME; }
-const char* fact_kernel_info(void) { return FAKE_INFO; }
-const char* fact_last_error(void) { return g_error; }
+@FAKE_STATE@
 
 int fact_attention_can_implement(const FactAttentionArgs* a) {
   if (!a || !a->q || !a->k || !a->v || !a->o) return fail(FACT_INVALID_ARGS, "null q, k, v or o");
@@ -1589,17 +1582,8 @@ int fact_attention_run(const FactAttentionArgs* a, void* workspace, size_t works
   free(p);
   return FACT_OK;
 }
-
-/* Test hook: the arguments of the last fact_attention_run call. */
-void fake_last_call(FactAttentionArgs* args, void** workspace, size_t* bytes, void** stream,
-                    int* runs) {
-  *args = g_last;
-  *workspace = g_workspace;
-  *bytes = g_workspace_bytes;
-  *stream = g_stream;
-  *runs = g_runs;
-}
 """
+FAKE_ATTENTION_C = _fake_source(FAKE_ATTENTION_C, "FactAttentionArgs")
 
 ATTENTION_MODES = {
     "good": 0,
