@@ -629,12 +629,7 @@ def _verify(
     if lib is None:
         result["message"] = "; ".join(failures)
         return result, kept
-    if failures:
-        result.update(disposition="incorrect", message="; ".join(failures))
-    elif not result["rel_err"]:
-        result.update(disposition="not_supported", message="no shape could be checked")
-    result["ok"] = result["disposition"] == "passed"
-    return result, kept
+    return harness.settle(result, failures), kept
 
 
 def verify_attention(

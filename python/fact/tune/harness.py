@@ -316,6 +316,17 @@ def record_error(
         )
 
 
+def settle(result: dict[str, Any], failures: list[str]) -> dict[str, Any]:
+    """A kernel's verify record once every shape is checked: incorrect with the failures,
+    not supported when no shape could be checked, else passed."""
+    if failures:
+        result.update(disposition="incorrect", message="; ".join(failures))
+    elif not result["rel_err"]:
+        result.update(disposition="not_supported", message="no shape could be checked")
+    result["ok"] = result["disposition"] == "passed"
+    return result
+
+
 def verify(
     lib: KernelLibrary | str | os.PathLike[str],
     pattern: Any,
@@ -374,12 +385,7 @@ def verify(
         err, why = rel_err(inputs.D, ref)
         record_error(result, failures, label, err, why, inputs.seed, tol, baseline=False)
         del inputs, ref
-    if failures:
-        result.update(disposition="incorrect", message="; ".join(failures))
-    elif not result["rel_err"]:
-        result.update(disposition="not_supported", message="no shape could be checked")
-    result["ok"] = result["disposition"] == "passed"
-    return result
+    return settle(result, failures)
 
 
 def verify_pytorch(
