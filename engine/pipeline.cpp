@@ -196,35 +196,30 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     }
   };
   auto candidates_file = [&](size_t i) { return run / "candidates" / ("pattern-" + std::to_string(i) + ".json"); };
+  // Every config of a family realize does not rank, and the candidates file listing them.
+  auto emit_every_config = [&](size_t i, const auto& spec, const auto& configs, auto emit) {
+    json listed = json::array();
+    for (const auto& c : configs) {
+      listed.push_back(c.to_json());
+      add_kernel(i, emit(spec, c), c.to_json());
+    }
+    write_text_file(candidates_file(i), json({{"family", r.plan["patterns"][i]["family"]}, {"configs", listed}}).dump(2));
+  };
   for (size_t i = 0; i < d.discovery.chosen.size(); ++i) {
     const auto& match = d.discovery.chosen[i].match;
     const auto& pattern = r.plan["patterns"][i];
     json base = {{"pattern_index", i}, {"family", pattern["family"]}, {"signature", pattern["signature"]}};
-    if (match.family == discover::Family::norm) {
-      // Row norms: one kernel per block width; verified and timed where they run (composition).
+    if (match.family == discover::Family::norm || match.family == discover::Family::pointwise) {
+      // Row norms and pointwise regions: one kernel per block shape, unranked; verified and
+      // timed where they run (in the composed module's context).
       try {
-        const auto spec = realize::NormSpec::from_pattern(pattern);
-        json configs = json::array();
-        for (const auto& c : realize::norm_configs(spec)) {
-          configs.push_back(c.to_json());
-          add_kernel(i, realize::emit_norm(spec, c), c.to_json());
+        if (match.family == discover::Family::norm) {
+          const auto spec = realize::NormSpec::from_pattern(pattern);
+          emit_every_config(i, spec, realize::norm_configs(spec), realize::emit_norm);
+        } else {
+          const auto spec = realize::PointwiseSpec::from_pattern(pattern);
+          emit_every_config(i, spec, realize::pointwise_configs(spec), realize::emit_pointwise);
         }
-        write_text_file(candidates_file(i), json({{"family", "norm"}, {"configs", configs}}).dump(2));
-      } catch (const realize::NotSupported& e) {
-        refuse(base, e.what());
-      }
-      continue;
-    }
-    if (match.family == discover::Family::pointwise) {
-      // Pointwise regions: one kernel per block width; checked and timed in context.
-      try {
-        const auto spec = realize::PointwiseSpec::from_pattern(pattern);
-        json configs = json::array();
-        for (const auto& c : realize::pointwise_configs(spec)) {
-          configs.push_back(c.to_json());
-          add_kernel(i, realize::emit_pointwise(spec, c), c.to_json());
-        }
-        write_text_file(candidates_file(i), json({{"family", "pointwise"}, {"configs", configs}}).dump(2));
       } catch (const realize::NotSupported& e) {
         refuse(base, e.what());
       }

@@ -114,12 +114,6 @@ class BodyWriter {
 
   std::string body(int root) {
     scopes_.emplace_back();
-    for (size_t i = 0; i < ssa_.size(); ++i) {
-      if (ssa_[i].at("op") == "operand") {
-        const int k = ssa_[i].at("index");
-        max_input_ = std::max(max_input_, k);
-      }
-    }
     // Loads first: every operand read outside a concatenation's branches, so that they are
     // all in flight before the math (which may branch) starts.
     hoist(root, 0);
@@ -239,7 +233,6 @@ class BodyWriter {
   std::ostringstream os_;
   int indent_ = 2;  // inside the kernel's per-vector lambda
   int next_ = 0;
-  int max_input_ = -1;
   std::vector<std::map<std::pair<int, int64_t>, Value>> scopes_;
   std::set<std::pair<int, int64_t>> hoisted_;
 };

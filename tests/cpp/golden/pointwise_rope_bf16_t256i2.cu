@@ -54,27 +54,6 @@ struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
 
-// kVec values of input `p` from element `base` + (col + j) * stride_last.
-template <class T>
-__device__ __forceinline__ void load(const T* __restrict__ p, int64_t base, int64_t col, int64_t stride_last,
-                                     float (&v)[kVec]) {
-  if (stride_last == 0) {
-    const float x = to_float(p[base]);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = x;
-    return;
-  }
-  const T* q = p + base + col * stride_last;
-  if (stride_last == 1 && reinterpret_cast<uintptr_t>(q) % sizeof(Pack<T>) == 0) {
-    const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(q);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) v[j] = to_float(pk.v[j]);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) v[j] = to_float(q[j * stride_last]);
-}
-
 // A contiguous, vector-aligned last dim (can_implement checked both): one load, no branch, so
 // the loads of all inputs and vectors of a thread are in flight together.
 template <class T>
@@ -89,6 +68,20 @@ __device__ __forceinline__ void load_broadcast(const T* __restrict__ p, int64_t 
   const float x = to_float(p[offset]);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) v[j] = x;
+}
+
+// A strided input (its layout decided at run time): kVec values from element `base` +
+// (col + j) * stride_last, as one of the two above where the stride allows.
+template <class T>
+__device__ __forceinline__ void load(const T* __restrict__ p, int64_t base, int64_t col, int64_t stride_last,
+                                     float (&v)[kVec]) {
+  if (stride_last == 0) return load_broadcast(p, base, v);
+  const int64_t offset = base + col * stride_last;
+  if (stride_last == 1 && reinterpret_cast<uintptr_t>(p + offset) % sizeof(Pack<T>) == 0) {
+    return load_contiguous(p, offset, v);
+  }
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) v[j] = to_float(p[offset + j * stride_last]);
 }
 
 // PyTorch's semantics where fp32 intrinsics differ: NaN propagates through min, max and relu.
