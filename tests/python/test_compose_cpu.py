@@ -782,6 +782,69 @@ def test_report_markdown_marks_a_fallback(ref_opt):
     assert "fell back to PyTorch" in cells[7]
 
 
+def _trace(*events):
+    """A Chrome trace of device events: (name, start us, duration us)."""
+    cats = {"Memcpy": "gpu_memcpy", "Memset": "gpu_memset"}
+    return [
+        {"ph": "X", "cat": cats.get(n.split()[0], "kernel"), "name": n, "ts": ts, "dur": dur}
+        for n, ts, dur in events
+    ] + [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 999.0}]
+
+
+def test_profile_timeline_splits_calls_at_the_marker_and_finds_the_gaps():
+    from fact.compose.bench import split_calls, timeline
+
+    trace = _trace(
+        ("fill_flush", 0, 50),
+        ("spin_kernel", 50, 20),
+        ("norm", 75, 10),  # lead 5
+        ("gemm_a", 100, 100),  # gap 15 after norm
+        ("Memset (Device)", 150, 2),  # overlaps gemm_a: no gap, no extra busy time
+        ("gemm_b", 240, 60),  # gap 40
+        ("fill_flush", 400, 50),  # the next call's flush: not this call's
+        ("spin_kernel", 450, 20),
+        ("norm", 500, 10),  # lead 30
+        ("gemm_a", 510, 100),
+        ("gemm_b", 680, 60),  # gap 70
+    )
+    calls = split_calls(trace)
+    assert [[e["name"] for e in c] for c in calls] == [
+        ["norm", "gemm_a", "Memset (Device)", "gemm_b"],
+        ["norm", "gemm_a", "gemm_b"],
+    ]
+    t = timeline(calls)
+    # call 1: span 75..300 = 225, busy 170; call 2: span 500..740 = 240, busy 170
+    assert t["busy"] == 170 and t["span"] == (225 + 240) / 2 and t["lead"] == (5 + 30) / 2
+    assert t["idle"] == t["span"] - t["busy"]
+    # the gaps are the median call's (the longer one of two), largest first
+    assert [(g["us"], g["after"], g["before"]) for g in t["gaps"]] == [(70, "gemm_a", "gemm_b")]
+    assert timeline([]) == {}
+
+
+def test_report_shows_the_profile_timeline_and_kernels(ref_opt):
+    _, _, opt, _ = ref_opt
+    report = json.loads(json.dumps(opt.report, default=str))
+    gaps = [{"us": 41.0, "after": "gemm_a", "before": "fact_pointwise_kernel"}]
+    profile = {
+        "fact": {
+            "kernels": [{"kernel": "gemm_a", "calls": 2.0, "us": 123.4}],
+            "timeline": {
+                "host": 300.0,
+                "lead": 12.0,
+                "span": 900.0,
+                "busy": 800.0,
+                "idle": 100.0,
+                "gaps": gaps,
+            },
+        }
+    }
+    md = report_mod.markdown(
+        {"problem": "p", "results": [], "optimize": report, "profile": profile}
+    )
+    assert "| fact | 300 | 12 | 900 | 800 | 100 | 41 before `fact_pointwise_kernel` |" in md
+    assert "| `gemm_a` | 2 | 123.4 |" in md
+
+
 # ---------------------------------------------------------------------------------------------
 # 7. Errors
 

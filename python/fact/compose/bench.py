@@ -12,6 +12,7 @@ import copy
 import datetime
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +37,133 @@ def _max_abs(out: Any, ref: Any) -> float:
     return worst
 
 
-def kernel_profile(fn, iters: int = 5, top: int = 15) -> list[dict[str, Any]]:
-    """Device time per call of fn, by kernel (torch.profiler), largest first."""
+GPU_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the backlog launched before each timed call
+
+
+def kernel_profile(fn, device, iters: int = 5, top: int = 15) -> dict[str, Any]:
+    """Where fn's device time goes, under the timing protocol's conditions (L2 flushed and a
+    backlog on the GPU before each call): device time per call by kernel, largest first, the
+    GPU timeline of each call (see `timeline`) and `host`, the median time the host took to
+    issue one call (measured outside the profiler; near the span, the call waits on the GPU)."""
+    import json
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
 
+    from fact.tune.harness import BACKLOG_CYCLES, _flush_buffer
+
+    buf = _flush_buffer(device)
     with torch.no_grad():
         fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
+                buf.zero_()
+                torch.cuda._sleep(BACKLOG_CYCLES)
                 fn()
             torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if total <= 0 or e.key.startswith("ProfilerStep"):
-            continue
-        rows.append({"kernel": e.key[:110], "calls": e.count / iters, "us": total / iters})
+        host = []  # the host's time to issue one call, outside the profiler
+        for _ in range(iters):
+            buf.zero_()
+            torch.cuda._sleep(BACKLOG_CYCLES)
+            t0 = time.perf_counter()
+            fn()
+            host.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    calls = split_calls(trace.get("traceEvents") or [])
+    if len(calls) != iters:
+        raise FactError(
+            f"the profile shows {len(calls)} timed calls, expected {iters}: the "
+            f"{MARKER!r} marker kernel was not traced as expected"
+        )
+    by_kernel: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for call in calls:
+        for e in call:
+            by_kernel[e["name"]] = by_kernel.get(e["name"], 0.0) + e["dur"]
+            counts[e["name"]] = counts.get(e["name"], 0) + 1
+    rows = [
+        {"kernel": name[:110], "calls": counts[name] / iters, "us": us / iters}
+        for name, us in by_kernel.items()
+    ]
     rows.sort(key=lambda r: -r["us"])
-    return rows[:top]
+    return {
+        "kernels": rows[:top],
+        "timeline": dict(timeline(calls), host=statistics.median(host)),
+    }
+
+
+def split_calls(trace_events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The device events of each timed call, from a Chrome trace of `kernel_profile`'s loop:
+    each call's events follow a marker kernel; the L2 flush just before the next marker is
+    not the call's. Events are {name, ts, dur} in microseconds, in start order."""
+    events = sorted(
+        (
+            {"name": e.get("name", "?"), "ts": float(e["ts"]), "dur": float(e.get("dur", 0.0))}
+            for e in trace_events
+            if e.get("ph") == "X" and e.get("cat") in GPU_EVENTS
+        ),
+        key=lambda e: e["ts"],
+    )
+    marks = [i for i, e in enumerate(events) if MARKER in e["name"]]
+    calls = []
+    for k, i in enumerate(marks):
+        end = marks[k + 1] - 1 if k + 1 < len(marks) else len(events)  # drop the next flush
+        calls.append(
+            [
+                dict(e, lead=e["ts"] - (events[i]["ts"] + events[i]["dur"]))
+                for e in events[i + 1 : end]
+            ]
+        )
+    return calls
+
+
+def timeline(calls: list[list[dict[str, Any]]], gaps: int = 6) -> dict[str, Any]:
+    """Per call: `lead` (marker's end to the first kernel: the host was late), `span` (first
+    kernel's start to the last one's end), `busy` (time some kernel ran) and `idle` (span -
+    busy). The medians over calls, and the largest idle gaps of the median call, each with the
+    kernels before and after it."""
+    stats = []
+    for call in calls:
+        if not call:
+            continue
+        end = call[0]["ts"]
+        busy = 0.0
+        holes = []
+        prev = None
+        for e in call:
+            if e["ts"] > end and prev is not None:
+                holes.append(
+                    {"us": e["ts"] - end, "after": prev["name"][:80], "before": e["name"][:80]}
+                )
+            start = max(e["ts"], end)
+            busy += max(0.0, e["ts"] + e["dur"] - start)
+            end = max(end, e["ts"] + e["dur"])
+            prev = e
+        span = end - call[0]["ts"]
+        holes.sort(key=lambda h: -h["us"])
+        stats.append(
+            {
+                "lead": call[0]["lead"],
+                "span": span,
+                "busy": busy,
+                "idle": span - busy,
+                "gaps": holes[:gaps],
+                "events": len(call),
+            }
+        )
+    if not stats:
+        return {}
+    mid = sorted(stats, key=lambda s: s["span"])[len(stats) // 2]
+    out = {k: statistics.median(s[k] for s in stats) for k in ("lead", "span", "busy", "idle")}
+    out["events"] = mid["events"]
+    out["gaps"] = mid["gaps"]
+    return out
 
 
 def run_bench(
@@ -112,10 +221,12 @@ def run_bench(
         say("torch.compile (default mode): compiling")
         modules.append(("torch.compile", torch.compile(model), ""))
     modules.append(("fact", opt, "CUDA graph replay" if opt.cuda_graphs else "plain launches"))
-    if opt.cuda_graphs:  # the same composed module without the replay, for the record
-        plain = copy.copy(opt)
-        plain.cuda_graphs = False
-        modules.append(("fact (no CUDA graph)", plain, ""))
+    if cuda_graphs:  # the launch mode optimize did not choose, for the record
+        other = copy.copy(opt)
+        other.cuda_graphs = not opt.cuda_graphs
+        modules.append(
+            ("fact (CUDA graph)" if other.cuda_graphs else "fact (no CUDA graph)", other, "")
+        )
     results = []
     for name, module, note in modules:
         with torch.no_grad():
@@ -142,13 +253,9 @@ def run_bench(
         row["time_us"] = statistics.median(row["rounds_us"])
     profiles = {}
     if profile:
-        say("profiling kernels (eager, fact without CUDA graph)")
-        cg, opt.cuda_graphs = opt.cuda_graphs, False
-        profiles = {
-            "eager": kernel_profile(lambda: model(*data)),
-            "fact": kernel_profile(lambda: opt(*data)),
-        }
-        opt.cuda_graphs = cg
+        for name, module, _ in modules:
+            say(f"profiling {name}")
+            profiles[name] = kernel_profile(lambda m=module: m(*data), device)
     bench = {
         "fact_bench": 1,
         "problem": str(problem_path),

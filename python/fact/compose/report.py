@@ -102,7 +102,30 @@ def markdown(bench: Mapping[str, Any]) -> str:
             f"against {ver.get('reference')} (eager {_err(ver.get('eager_error'))}, bound "
             f"{_err(ver.get('bound'))}): {'passed' if ver.get('passed') else 'FAILED'}.",
         ]
-    for name, rows in (bench.get("profile") or {}).items():
+    profiles = bench.get("profile") or {}
+    if profiles:
+        lines += [
+            "",
+            "GPU timeline per forward (torch.profiler, L2 flushed and a backlog before each call "
+            "as when timed; the profiler slows the host, so host-bound gaps read larger than "
+            "they are): lead is the wait for the first kernel, span from the first kernel's "
+            "start to the last one's end, busy the time some kernel ran, idle the rest of the "
+            "span; host is the time the host took to issue the call, without the profiler.",
+            "",
+            "| module | host (us) | lead (us) | span (us) | busy (us) | idle (us) "
+            "| largest gaps (us) |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for name, prof in profiles.items():
+            t = prof.get("timeline") or {}
+            if not t:
+                continue
+            gaps = ", ".join(f"{g['us']:.0f} before `{g['before'][:40]}`" for g in t["gaps"][:3])
+            lines.append(
+                f"| {name} | {t.get('host', 0):.0f} | {t['lead']:.0f} | {t['span']:.0f} | "
+                f"{t['busy']:.0f} | {t['idle']:.0f} | {gaps or '-'} |"
+            )
+    for name, prof in profiles.items():
         lines += [
             "",
             f"Where the time goes in {name} (torch.profiler, device time per forward):",
@@ -110,7 +133,7 @@ def markdown(bench: Mapping[str, Any]) -> str:
             "| kernel | calls | us |",
             "| --- | --- | --- |",
         ]
-        lines += [f"| `{r['kernel']}` | {r['calls']:g} | {r['us']:.1f} |" for r in rows]
+        lines += [f"| `{r['kernel']}` | {r['calls']:g} | {r['us']:.1f} |" for r in prof["kernels"]]
     return "\n".join(lines) + "\n"
 
 
