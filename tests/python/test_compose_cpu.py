@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fact
 from attention_modules import GqaAttention, HandWrittenAttention
@@ -312,6 +313,33 @@ def test_minigpt_reference_twins_report_and_decisions(ref_opt):
 
 # ---------------------------------------------------------------------------------------------
 # 2. Parameter sharing
+
+
+class _SeenOps(TorchDispatchMode):
+    """Records every op that reaches the dispatcher."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_eager_path_calls_the_fact_ops_bodies_not_the_dispatcher(ref_opt):
+    _, x, opt, _ = ref_opt
+    flat, state = opt._program.flatten([x], {}), opt._program.state_inputs()
+    with torch.no_grad(), _SeenOps() as traced:
+        want = opt.graph_module(*state, *flat)  # the graph to trace: the registered ops
+    with torch.no_grad(), _SeenOps() as eager:
+        got = opt.run_graph(flat, state)
+    assert [f for f in traced.ops if f.namespace == "fact"] == [torch.ops.fact.gemm.default] * 4
+    assert not [f for f in eager.ops if f.namespace == "fact"]
+    assert aten.mm.default in eager.ops  # the bodies' own work still runs (reference twins)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    # the composed graph is left as it was
+    assert all(not n.kwargs.get("direct") for n in calls(opt.graph_module, run_gemm_pattern))
 
 
 def test_optimized_module_reads_the_live_parameters(engine_available, minigpt_module, tmp_path):

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from fact.compose.ops import (
+    BODIES,
     AttentionKernel,
     GemmKernel,
     NormKernel,
@@ -110,9 +111,11 @@ def run_gemm_pattern(
     kernel: int,
     form: str,
     out_shape: list[int],
+    direct: bool = False,
 ) -> torch.Tensor:
     """One GEMM pattern: view the graph's tensors as the kernel reads them, call fact::gemm,
-    view the result as the pattern's output node. form: linear | matmul | addmm."""
+    view the result as the pattern's output node. form: linear | matmul | addmm. direct: call
+    the op's body, not through the dispatcher (see direct_calls)."""
     spec = kernel_entry(kernel).spec
     p = spec.problem
     batch, m, n, k = (int(p.get(key, 1)) for key in ("batch", "m", "n", "k"))
@@ -124,7 +127,8 @@ def run_gemm_pattern(
         _operand(t, o.kind, torch_dtype(o.dtype), batch, m, n)
         for t, o in zip(operands, spec.operands, strict=True)
     ]
-    return torch.ops.fact.gemm(A, B, ops, kernel).reshape(out_shape)
+    gemm = BODIES[torch.ops.fact.gemm.default] if direct else torch.ops.fact.gemm.default
+    return gemm(A, B, ops, kernel).reshape(out_shape)
 
 
 def gemm_form(reg: Region, pattern: Mapping[str, Any]) -> str:
@@ -587,9 +591,15 @@ class RmsNormLibrary(Impl):
 
 
 def run_norm_pattern(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, *, kernel: int
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    *,
+    kernel: int,
+    direct: bool = False,
 ) -> torch.Tensor:
-    return torch.ops.fact.norm(x, weight, bias, kernel)
+    norm = BODIES[torch.ops.fact.norm.default] if direct else torch.ops.fact.norm.default
+    return norm(x, weight, bias, kernel)
 
 
 class NormImpl(Impl):
@@ -779,3 +789,28 @@ def library_impls(pattern: Mapping[str, Any], device: torch.device | None = None
         except NotSupportedError:
             continue
     return impls
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a composed graph eagerly
+
+# Graph helpers that call a fact op inside; direct_calls passes them direct=True.
+_HELPERS = (run_gemm_pattern, run_norm_pattern)
+
+
+def direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` in which every fact op call goes straight to the op's Python body
+    (ops.BODIES): the same kernels and results without the dispatcher's host time. For running
+    eagerly and under CUDA graph capture; `gm` stays the graph to trace, compile or export
+    (fake tensors and torch.compile need the registered ops)."""
+    graph = fx.Graph()
+    graph._codegen = gm.graph._codegen
+    graph.output(graph.graph_copy(gm.graph, {}))
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target in BODIES:
+            node.target = BODIES[node.target]
+        elif node.target in _HELPERS:
+            node.kwargs = {**node.kwargs, "direct": True}
+    return fx.GraphModule(gm, graph)

@@ -180,8 +180,7 @@ def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
     lib.check(_launch(lib.run, args, lib.workspace_size(args), a.device))
 
 
-@torch.library.custom_op("fact::gemm", mutates_args=())
-def gemm(
+def _gemm(
     a: torch.Tensor, b: torch.Tensor, operands: list[torch.Tensor], kernel: int
 ) -> torch.Tensor:
     """D = epilogue(A @ B, operands) by kernel `kernel` of the table.
@@ -197,6 +196,9 @@ def gemm(
     out = torch.empty((*lead, a.shape[-2], b.shape[-1]), dtype=entry.out_dtype, device=a.device)
     _run_cutlass(entry, a, b, operands, out)
     return out
+
+
+gemm = torch.library.custom_op("fact::gemm", _gemm, mutates_args=())
 
 
 @gemm.register_fake
@@ -221,8 +223,7 @@ def _norm_reference(entry: NormKernel, x, weight, bias) -> torch.Tensor:
     return y.to(entry.out_dtype)
 
 
-@torch.library.custom_op("fact::norm", mutates_args=())
-def norm(
+def _norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, kernel: int
 ) -> torch.Tensor:
     """out = norm(x) over the last dim (* weight) (+ bias) by row-norm kernel `kernel`."""
@@ -252,6 +253,9 @@ def norm(
         raise FactError(f"fact::norm {entry.label}: {lib.last_error()}")
     lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
     return out
+
+
+norm = torch.library.custom_op("fact::norm", _norm, mutates_args=())
 
 
 @norm.register_fake
@@ -332,8 +336,7 @@ def _run_attention(entry: AttentionKernel, q, k, v, out) -> None:
     lib.check(_launch(lib.attention_run, args, lib.attention_workspace_size(args), q.device))
 
 
-@torch.library.custom_op("fact::attention", mutates_args=())
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) -> torch.Tensor:
     """O = softmax(scale * Q K^T (+ causal mask)) V by attention kernel `kernel` of the table.
 
     q [B, H, S, D]; k, v [B, Hkv, Sk, D] (query head h reads K/V head h // (H // Hkv)); views
@@ -352,6 +355,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) ->
     else:
         _run_attention(entry, q, k, v, out)
     return out
+
+
+attention = torch.library.custom_op("fact::attention", _attention, mutates_args=())
 
 
 @attention.register_fake
@@ -552,8 +558,7 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     raise KernelStatusError(status, message, str(lib.path))
 
 
-@torch.library.custom_op("fact::pointwise", mutates_args=())
-def pointwise(
+def _pointwise(
     inputs: list[torch.Tensor], kernel: int, shape: list[int], strides: list[int]
 ) -> torch.Tensor:
     """out = f(inputs) for a pointwise region by kernel `kernel` of the table.
@@ -579,7 +584,25 @@ def pointwise(
     return out
 
 
+pointwise = torch.library.custom_op("fact::pointwise", _pointwise, mutates_args=())
+
+
 @pointwise.register_fake
 def _pointwise_fake(inputs, kernel, shape, strides):
     entry = kernel_entry(kernel)
     return pointwise_out(shape, strides, entry.out_dtype, inputs[0].device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calling the ops without the dispatcher
+
+# Each op's Python body. Through PyTorch's dispatcher (autograd, the custom-op wrappers, back
+# into Python) a call takes several times the host time of the kernel launch itself (the host
+# column of `fact bench --profile`); a composed module's eager path calls the bodies
+# (impls.direct_calls).
+BODIES = {
+    torch.ops.fact.gemm.default: _gemm,
+    torch.ops.fact.norm.default: _norm,
+    torch.ops.fact.attention.default: _attention,
+    torch.ops.fact.pointwise.default: _pointwise,
+}

@@ -49,6 +49,7 @@ from fact.compose.impls import (
     Impl,
     NormImpl,
     PointwiseImpl,
+    direct_calls,
     library_impls,
 )
 from fact.compose.program import Program, replace, subgraph
@@ -160,6 +161,7 @@ class OptimizedModule(nn.Module):
         self.cuda_graphs = cuda_graphs
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_graph_module", graph_module)
+        object.__setattr__(self, "_direct_module", direct_calls(graph_module))
         object.__setattr__(self, "_replay", None)
         # What the kernels were built for: shapes, dtypes and devices of inputs and state.
         flat = program.flatten(example) if example else []
@@ -187,7 +189,8 @@ class OptimizedModule(nn.Module):
         """The composed graph on the user's flat inputs and the model's state (read now when
         not given)."""
         state = self._program.state_inputs() if state is None else state
-        return list(self._graph_module(*state, *flat_user))
+        gm = self._graph_module if torch.compiler.is_compiling() else self._direct_module
+        return list(gm(*state, *flat_user))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
@@ -337,7 +340,7 @@ def evaluate(
     try:
         sub, names, aliases = subgraph(program.graph_module.graph, pattern)
         replace(sub, pattern, impl.emit, aliases)
-        module = program.module(sub)
+        module = direct_calls(program.module(sub))  # as the composed module will call it
         args = [values[n] for n in names]
         expected = values[pattern["output"]]
         with torch.no_grad():
