@@ -53,6 +53,12 @@ def kernel_profile(fn, device, iters: int = 5, top: int = 15) -> dict[str, Any]:
 
     from fact.tune.harness import BACKLOG_CYCLES, _flush_buffer
 
+    sleep = getattr(torch.cuda, "_sleep", None)  # private; its kernel marks each call
+    if sleep is None:
+        raise FactError(
+            f"fact bench --profile needs torch.cuda._sleep, which torch {torch.__version__} "
+            "lacks; run without --profile"
+        )
     buf = _flush_buffer(device)
     with torch.no_grad():
         fn()
@@ -60,13 +66,13 @@ def kernel_profile(fn, device, iters: int = 5, top: int = 15) -> dict[str, Any]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
                 buf.zero_()
-                torch.cuda._sleep(BACKLOG_CYCLES)
+                sleep(BACKLOG_CYCLES)
                 fn()
             torch.cuda.synchronize()
         host = []  # the host's time to issue one call, outside the profiler
         for _ in range(iters):
             buf.zero_()
-            torch.cuda._sleep(BACKLOG_CYCLES)
+            sleep(BACKLOG_CYCLES)
             t0 = time.perf_counter()
             fn()
             host.append((time.perf_counter() - t0) * 1e6)
