@@ -27,4 +27,4 @@ cd "$(dirname "$0")/.."
 # A plain checkout imports fact from python/ (pyproject's pytest `pythonpath` says the same; the
 # tuning workers, separate processes, get it from fact.tune.harness itself)
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-"${PYTHON:-python3}" -m pytest -q -m gpu tests/python "$@"
+"${PYTHON:-python3}" -m pytest -q -rA -m gpu tests/python "$@"

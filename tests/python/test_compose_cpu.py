@@ -327,19 +327,43 @@ class _SeenOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _dispatched_fact_ops(fn) -> list[str]:
+    """Names of the fact ops that went through PyTorch's dispatcher while fn ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return [e.name for e in prof.events() if e.name.startswith("fact::")]
+
+
 def test_the_eager_path_calls_the_fact_ops_bodies_not_the_dispatcher(ref_opt):
     _, x, opt, _ = ref_opt
     flat, state = opt._program.flatten([x], {}), opt._program.state_inputs()
-    with torch.no_grad(), _SeenOps() as traced:
-        want = opt.graph_module(*state, *flat)  # the graph to trace: the registered ops
-    with torch.no_grad(), _SeenOps() as eager:
+    with torch.no_grad():
+        assert _dispatched_fact_ops(lambda: opt.graph_module(*state, *flat)) == ["fact::gemm"] * 4
+        assert _dispatched_fact_ops(lambda: opt(x)) == []  # the bodies, called directly
+        want = opt.graph_module(*state, *flat)
         got = opt.run_graph(flat, state)
-    assert [f for f in traced.ops if f.namespace == "fact"] == [torch.ops.fact.gemm.default] * 4
-    assert not [f for f in eager.ops if f.namespace == "fact"]
-    assert aten.mm.default in eager.ops  # the bodies' own work still runs (reference twins)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     # the composed graph is left as it was
     assert all(not n.kwargs.get("direct") for n in calls(opt.graph_module, run_gemm_pattern))
+
+
+def test_dispatch_modes_and_torch_compile_see_the_fact_ops(ref_opt):
+    _, x, opt, _ = ref_opt
+    with torch.no_grad(), _SeenOps() as mode:  # FLOP counters, make_fx, fake tensors: modes
+        out = opt(x)
+    assert [f for f in mode.ops if f.namespace == "fact"] == [torch.ops.fact.gemm.default] * 4
+    traced = []
+
+    def backend(gm, example_inputs):
+        traced.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(opt, backend=backend)  # graph breaks at the buffer guard
+    assert torch.equal(compiled(x), out)
+    assert traced.count(torch.ops.fact.gemm.default) == 4
 
 
 def test_optimized_module_reads_the_live_parameters(engine_available, minigpt_module, tmp_path):
@@ -847,6 +871,32 @@ def test_profile_timeline_splits_calls_at_the_marker_and_finds_the_gaps():
     # the gaps are the median call's (the longer one of two), largest first
     assert [(g["us"], g["after"], g["before"]) for g in t["gaps"]] == [(70, "gemm_a", "gemm_b")]
     assert timeline([]) == {}
+
+
+def test_profile_split_drops_the_flush_on_the_markers_stream_only():
+    from fact.compose.bench import split_calls
+
+    trace = [
+        {"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": 5.0, "args": {"stream": st}}
+        for n, ts, st in (
+            ("spin_kernel", 0, 7),
+            ("gemm", 10, 7),
+            ("side_copy", 30, 8),  # the call's work on another stream, after the flush began
+            ("fill_flush", 20, 7),
+            ("spin_kernel", 40, 7),
+            ("norm", 50, 7),
+        )
+    ]
+    assert [[e["name"] for e in c] for c in split_calls(trace)] == [["gemm", "side_copy"], ["norm"]]
+
+
+def test_report_skips_a_timeline_without_kernels(ref_opt):
+    _, _, opt, _ = ref_opt
+    report = json.loads(json.dumps(opt.report, default=str))
+    profile = {"fact": {"kernels": [], "timeline": {"host": 5.0}, "warning": "the trace shows 0"}}
+    bench = {"problem": "p", "results": [], "optimize": report, "profile": profile}
+    md = report_mod.markdown(bench)
+    assert "| fact | 5 |" not in md and "Warning: the trace shows 0." in md
 
 
 def test_report_shows_the_profile_timeline_and_kernels(ref_opt):

@@ -20,6 +20,7 @@ implementation verifies and is faster in the module's own context.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -800,12 +801,14 @@ _HELPERS = (run_gemm_pattern, run_norm_pattern)
 
 def direct_calls(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of `gm` in which every fact op call goes straight to the op's Python body
-    (ops.BODIES): the same kernels and results without the dispatcher's host time. For running
-    eagerly and under CUDA graph capture; `gm` stays the graph to trace, compile or export
-    (fake tensors and torch.compile need the registered ops)."""
-    graph = fx.Graph()
-    graph._codegen = gm.graph._codegen
-    graph.output(graph.graph_copy(gm.graph, {}))
+    (ops.BODIES): the same kernels and results without the dispatcher's host time. For real
+    tensors only (optimize.runs_eagerly says when): `gm` stays the graph to trace, compile or
+    export, since fake tensors, dispatch modes and torch.compile need the registered ops."""
+    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    graph._codegen = copy.deepcopy(gm.graph._codegen)
+    old_output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    output = graph.output(graph.graph_copy(gm.graph, {}), type_expr=old_output.type)
+    output.meta = copy.copy(old_output.meta)
     for node in graph.nodes:
         if node.op != "call_function":
             continue

@@ -1,11 +1,12 @@
 """`fact::gemm`, `fact::norm`, `fact::attention` and `fact::pointwise`, the torch custom ops
 through which a composed module calls generated kernels.
 
-The op is registered with torch.library, so the composed module traces under torch.compile and
-records into CUDA graphs: it allocates its output (and any workspace) from PyTorch's caching
-allocator and launches on PyTorch's current stream through the kernel's C ABI
-(engine/realize/abi/fact_gemm_abi.h; fact_norm_abi.h, fact_attention_abi.h and
-fact_pointwise_abi.h for the other families).
+The op is registered with torch.library, so the composed module traces under torch.compile,
+export and fake tensors, and records into CUDA graphs: it allocates its output (and any
+workspace) from PyTorch's caching allocator and launches on PyTorch's current stream through the
+kernel's C ABI (engine/realize/abi/fact_gemm_abi.h; fact_norm_abi.h, fact_attention_abi.h and
+fact_pointwise_abi.h for the other families). Run eagerly on real tensors, a composed module
+calls each op's Python body directly (BODIES, impls.direct_calls), skipping the dispatcher.
 
 A kernel is named in the graph by an integer handle into this process's kernel table; the entry
 holds the loaded library, the pattern's GEMM spec (layouts, epilogue operands) and the launch

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fact import __version__
 from fact.compose.impls import (
@@ -189,7 +190,7 @@ class OptimizedModule(nn.Module):
         """The composed graph on the user's flat inputs and the model's state (read now when
         not given)."""
         state = self._program.state_inputs() if state is None else state
-        gm = self._graph_module if torch.compiler.is_compiling() else self._direct_module
+        gm = self._direct_module if runs_eagerly(flat_user) else self._graph_module
         return list(gm(*state, *flat_user))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -236,6 +237,16 @@ class OptimizedModule(nn.Module):
             replay = _CudaGraph(self.run_graph, flat, key)
             object.__setattr__(self, "_replay", replay)
         return replay(flat)
+
+
+def runs_eagerly(flat: Sequence[Any]) -> bool:
+    """True when the composed graph runs on real tensors with nothing watching the dispatcher:
+    then its fact ops may call their bodies directly (impls.direct_calls). False while Dynamo
+    traces, under a dispatch mode (fake tensors, make_fx, FLOP counters) or for tensor
+    subclasses, which must see the registered ops."""
+    if torch.compiler.is_dynamo_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return all(type(t) is torch.Tensor for t in flat if isinstance(t, torch.Tensor))
 
 
 def _signature(flat: Sequence[Any], state: Sequence[Any]) -> tuple | None:
@@ -603,8 +614,9 @@ def _composed_error(program, plan, decisions, flat, ref) -> tuple[Any, float]:
     gm = None
     try:
         gm = compose(program, plan, decisions)
+        run = direct_calls(gm) if runs_eagerly(flat) else gm  # as the module will run it
         with torch.no_grad():
-            out = program.unflatten(list(gm(*program.state_inputs(), *flat)))
+            out = program.unflatten(list(run(*program.state_inputs(), *flat)))
         return gm, rel_err(out, ref)
     except Exception:  # noqa: BLE001 - any failure of a replacement is a reason to drop it
         if not any(d.get("impl") is not None and not d.get("fallback") for d in decisions):

@@ -118,7 +118,7 @@ def markdown(bench: Mapping[str, Any]) -> str:
         ]
         for name, prof in profiles.items():
             t = prof.get("timeline") or {}
-            if not t:
+            if "span" not in t:  # no kernel ran
                 continue
             gaps = ", ".join(f"{g['us']:.0f} before `{g['before'][:40]}`" for g in t["gaps"][:3])
             lines.append(
@@ -134,6 +134,8 @@ def markdown(bench: Mapping[str, Any]) -> str:
             "| --- | --- | --- |",
         ]
         lines += [f"| `{r['kernel']}` | {r['calls']:g} | {r['us']:.1f} |" for r in prof["kernels"]]
+        if prof.get("warning"):
+            lines += ["", f"Warning: {prof['warning']}."]
     return "\n".join(lines) + "\n"
 
 
