@@ -770,8 +770,8 @@ def test_report_writes_markdown_json_and_a_rendered_chart(ref_opt, tmp_path):
     md = files["md"].read_text()
     lines = md.splitlines()
     assert "| module | time (ms) | vs eager | vs torch.compile | max abs error | rel error |" in md
-    assert "| fact | 1.000 | 2.00x | 1.50x | 3.50e-06 | 1.50e-07 |" in lines
-    assert "| eager | 2.000 | 1.00x | 0.75x | 3.00e-06 | 1.20e-07 |" in lines
+    assert "| fact | 1.000 | 2.00x | 1.50x | 3.50e-06 | 1.50e-07 | - |" in lines
+    assert "| eager | 2.000 | 1.00x | 0.75x | 3.00e-06 | 1.20e-07 | - |" in lines
     assert (
         "| # | pattern | runs as | PyTorch subgraph (ms) | FACT (ms) | speedup | error | note |"
         in md
@@ -888,6 +888,31 @@ def test_profile_split_drops_the_flush_on_the_markers_stream_only():
         )
     ]
     assert [[e["name"] for e in c] for c in split_calls(trace)] == [["gemm", "side_copy"], ["norm"]]
+
+
+def test_sm_clock_samples_while_the_block_runs_and_the_report_shows_them(ref_opt):
+    from fact.compose.bench import SmClock
+
+    readings = iter([1980, 1650, 0, 1545] + [1700] * 10_000)  # 0: a failed read, skipped
+    with SmClock(torch.device("cpu"), period_s=0.001, read=lambda: next(readings)) as clock:
+        time.sleep(0.05)
+    assert clock.samples[:3] == [1980, 1650, 1545] and 0 not in clock.samples
+    summary = clock.summary()
+    assert summary["min"] == 1545 and summary["max"] == 1980 and summary["median"] == 1700
+    with SmClock(torch.device("cpu"), read=None) as none:  # no NVML on this machine
+        pass
+    assert none.samples == [] and none.summary() is None
+    _, _, opt, _ = ref_opt
+    report = json.loads(json.dumps(opt.report, default=str))
+    rows = [
+        {"name": "eager", "time_us": 10.0, "rounds_sm_clock_mhz": [summary, None, summary]},
+        {"name": "fact", "time_us": 5.0, "rounds_sm_clock_mhz": [None, None, None]},
+    ]
+    md = report_mod.markdown({"problem": "p", "results": rows, "optimize": report})
+    (eager_row,) = [ln for ln in md.splitlines() if ln.startswith("| eager |")]
+    assert eager_row.endswith("| 1700 (1545), ?, 1700 (1545) |")
+    (fact_row,) = [ln for ln in md.splitlines() if ln.startswith("| fact |")]
+    assert fact_row.endswith("| - |")
 
 
 def test_report_skips_a_timeline_without_kernels(ref_opt):

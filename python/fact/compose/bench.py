@@ -12,7 +12,9 @@ import copy
 import datetime
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +189,79 @@ def timeline(calls: list[list[dict[str, Any]]], gaps: int = 6) -> dict[str, Any]
     return out
 
 
+class SmClock:
+    """The GPU's SM clock (MHz), read through NVML every few milliseconds while the block runs,
+    for the record: a module timed while the clock was low reads slower (bench/clock_drop.py).
+    `samples` stays empty where NVML is missing or refuses; timing never depends on it."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        period_s: float = 0.01,
+        read: Callable[[], int] | None = None,  # tests pass their own reader
+    ):
+        self.samples: list[int] = []
+        self._period = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._read = read or _nvml_sm_clock(device)
+
+    def __enter__(self) -> SmClock:
+        if self._read is not None:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            mhz = self._read()
+            if mhz:
+                self.samples.append(mhz)
+            self._stop.wait(self._period)
+
+    def summary(self) -> dict[str, int] | None:
+        """min, median and max of the samples; None without any."""
+        if not self.samples:
+            return None
+        return {
+            "min": min(self.samples),
+            "median": int(statistics.median(self.samples)),
+            "max": max(self.samples),
+        }
+
+
+def _nvml_sm_clock(device: torch.device) -> Callable[[], int] | None:
+    """A reader of the device's current SM clock through the driver's NVML library, or None."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}".encode()
+        handle = ctypes.c_void_p()
+        if nvml.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(handle)) != 0:
+            return None
+    except Exception:  # noqa: BLE001 - best effort: the clock is for the record only
+        return None
+    clock = ctypes.c_uint()
+
+    def read() -> int:
+        ok = nvml.nvmlDeviceGetClockInfo(handle, NVML_CLOCK_SM, ctypes.byref(clock)) == 0
+        return int(clock.value) if ok else 0
+
+    return read
+
+
+NVML_CLOCK_SM = 1  # nvmlClockType_t
+
+
 def run_bench(
     problem_path: str,
     *,
@@ -261,6 +336,7 @@ def run_bench(
                 "max_abs_error": _max_abs(result, ref),
                 "note": note,
                 "rounds_us": [],
+                "rounds_sm_clock_mhz": [],
             }
         )
         del result
@@ -269,8 +345,9 @@ def run_bench(
     for r in range(ROUNDS):
         for row, (name, module, _) in zip(results, modules, strict=True):
             say(f"timing {name} (round {r + 1}/{ROUNDS})")
-            with torch.no_grad():
+            with torch.no_grad(), SmClock(device) as clock:
                 row["rounds_us"].append(time_us(lambda m=module: m(*data), device, per_round))
+            row["rounds_sm_clock_mhz"].append(clock.summary())
     for row in results:
         row["time_us"] = statistics.median(row["rounds_us"])
     profiles = {}

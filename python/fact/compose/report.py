@@ -57,8 +57,9 @@ def markdown(bench: Mapping[str, Any]) -> str:
         "the round medians is shown. Errors: ||out - ref|| / ||ref|| against the model in float64 "
         "on the same inputs.",
         "",
-        "| module | time (ms) | vs eager | vs torch.compile | max abs error | rel error |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| module | time (ms) | vs eager | vs torch.compile | max abs error | rel error "
+        "| SM clock per round (MHz) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     eager = next((r["time_us"] for r in rows if r["name"] == "eager"), None)
     compiled = next((r["time_us"] for r in rows if r["name"] == "torch.compile"), None)
@@ -66,7 +67,7 @@ def markdown(bench: Mapping[str, Any]) -> str:
         lines.append(
             f"| {r['name']} | {_ms(r.get('time_us'))} | {_x(eager, r.get('time_us'))} | "
             f"{_x(compiled, r.get('time_us'))} | {_err(r.get('max_abs_error'))} | "
-            f"{_err(r.get('rel_error'))} |"
+            f"{_err(r.get('rel_error'))} | {_clocks(r.get('rounds_sm_clock_mhz'))} |"
         )
     if fact.get("note"):
         lines += ["", fact["note"]]
@@ -137,6 +138,21 @@ def markdown(bench: Mapping[str, Any]) -> str:
         if prof.get("warning"):
             lines += ["", f"Warning: {prof['warning']}."]
     return "\n".join(lines) + "\n"
+
+
+def _clocks(rounds: Sequence[Mapping[str, int] | None] | None) -> str:
+    """Each round's median SM clock, with the lowest sample where it dipped: "1980, 1650 (1545)"."""
+    if not rounds or not any(rounds):
+        return "-"
+    cells = []
+    for c in rounds:
+        if not c:
+            cells.append("?")
+        elif c["min"] < c["median"] - 50:
+            cells.append(f"{c['median']} ({c['min']})")
+        else:
+            cells.append(str(c["median"]))
+    return ", ".join(cells)
 
 
 def _runner_up(pattern: Mapping[str, Any]) -> str:
