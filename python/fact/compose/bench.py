@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import statistics
 import sys
 import threading
@@ -53,28 +54,25 @@ def kernel_profile(fn, device, iters: int = 5, top: int = 15) -> dict[str, Any]:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from fact.tune.harness import BACKLOG_CYCLES, _flush_buffer
+    from fact.tune.harness import before_timed_call
 
-    sleep = getattr(torch.cuda, "_sleep", None)  # private; its kernel marks each call
-    if sleep is None:
+    if getattr(torch.cuda, "_sleep", None) is None:  # private; its kernel marks each call
         raise FactError(
             f"fact bench --profile needs torch.cuda._sleep, which torch {torch.__version__} "
             "lacks; run without --profile"
         )
-    buf = _flush_buffer(device)
+    before = before_timed_call(device)
     with torch.no_grad():
         fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(iters):
-                buf.zero_()
-                sleep(BACKLOG_CYCLES)
+                before()
                 fn()
             torch.cuda.synchronize()
         host = []  # the host's time to issue one call, outside the profiler
         for _ in range(iters):
-            buf.zero_()
-            sleep(BACKLOG_CYCLES)
+            before()
             t0 = time.perf_counter()
             fn()
             host.append((time.perf_counter() - t0) * 1e6)
@@ -237,13 +235,23 @@ class SmClock:
 
 def _nvml_sm_clock(device: torch.device) -> Callable[[], int] | None:
     """A reader of the device's current SM clock through the driver's NVML library, or None."""
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    except Exception:  # noqa: BLE001 - no CUDA here: no clock to read
+        return None
+    return _nvml_reader(index)
+
+
+@functools.cache
+def _nvml_reader(index: int) -> Callable[[], int] | None:
+    """_nvml_sm_clock's reader for CUDA device `index`: NVML is loaded and asked for the
+    device's handle once per process, not once per timed round."""
     import ctypes
 
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:
             return None
-        index = device.index if device.index is not None else torch.cuda.current_device()
         uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}".encode()
         handle = ctypes.c_void_p()
         if nvml.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(handle)) != 0:

@@ -421,6 +421,25 @@ def verify_pytorch(
 # Timing
 
 
+def before_timed_call(device, flush: bool = True) -> Callable[[], None]:
+    """What precedes every timed call on a CUDA device: the L2 flush (when `flush`; it evicts
+    A, B and the operands, so every call reads from HBM), then a backlog on the GPU
+    (torch.cuda._sleep: private but long-standing, skipped where missing), so the host enqueues
+    the call while the GPU is still busy."""
+    import torch
+
+    buf = _flush_buffer(device) if flush else None
+    sleep = getattr(torch.cuda, "_sleep", None)
+
+    def before() -> None:
+        if buf is not None:
+            buf.zero_()
+        if sleep is not None:
+            sleep(BACKLOG_CYCLES)
+
+    return before
+
+
 def time_fn(fn: Callable[[], None], *, reps: int, warmup: int, flush: bool, device) -> list[float]:
     """Per-rep times (us) of fn(): CUDA events around each call, L2 flushed before each."""
     import torch
@@ -437,15 +456,11 @@ def time_fn(fn: Callable[[], None], *, reps: int, warmup: int, flush: bool, devi
             times.append((time.perf_counter() - t0) * 1e6)
         return times
     _sync(device)
-    buf = _flush_buffer(device) if flush else None
-    sleep = getattr(torch.cuda, "_sleep", None)  # private but long-standing; optional
+    before = before_timed_call(device, flush)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for start, end in zip(starts, ends, strict=True):
-        if buf is not None:
-            buf.zero_()  # evicts A, B and the operands: every rep reads from HBM
-        if sleep is not None:
-            sleep(BACKLOG_CYCLES)  # the host enqueues the launch while the GPU is still busy
+        before()
         start.record()
         fn()
         end.record()
