@@ -1284,6 +1284,22 @@ class GatedMLP(nn.Module):
         return x + self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
+def _optimize_gated_mlp_as(impl_class, label, model, x, tmp_path):
+    """model optimized with the gated MLP offered only as impl_class's reference twin (the other
+    patterns as reference twins), checked to have chosen it."""
+
+    def impls(index, pattern):
+        if pattern["family"] == "gated_mlp":
+            return [impl_class(pattern, "reference", label=label)]
+        return reference_twins(index, pattern)
+
+    opt = fact.optimize(model, [x], implementations=impls, require_faster=False, use_cache=False,
+                        run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    chosen = {p["family"]: p["chosen"] for p in opt.report["patterns"]}
+    assert chosen["gated_mlp"] == f"reference:{label}", opt.report["patterns"]
+    return opt
+
+
 def test_gated_mlp_runs_as_up_projection_plus_a_fused_gate_gemm(engine_available, tmp_path):
     from fact.compose.impls import GatedGemmImpl
 
@@ -1296,15 +1312,7 @@ def test_gated_mlp_runs_as_up_projection_plus_a_fused_gate_gemm(engine_available
     assert [o["role"] for o in lowered["operands"]] == ["a", "b", "up"]
     assert lowered["signature"] == "gemm[silu+mul]:f32,f32->f32:row,col"
 
-    def impls(index, pattern):
-        if pattern["family"] == "gated_mlp":
-            return [GatedGemmImpl(pattern, "reference", label="gated")]
-        return reference_twins(index, pattern)
-
-    opt = fact.optimize(model, [x], implementations=impls, require_faster=False, use_cache=False,
-                        run_dir=tmp_path / "r", quiet=True)  # fmt: skip
-    chosen = {p["family"]: p["chosen"] for p in opt.report["patterns"]}
-    assert chosen["gated_mlp"] == "reference:gated", opt.report["patterns"]
+    opt = _optimize_gated_mlp_as(GatedGemmImpl, "gated", model, x, tmp_path)
     gm = opt.graph_module
     assert aten.silu.default not in targets(gm)  # the activation and product are fused
     assert len(calls(gm, aten.linear.default)) == 1  # only the up projection stays PyTorch's
@@ -1328,15 +1336,7 @@ def test_gated_mlp_runs_as_two_library_gemms_plus_a_pointwise_tail(engine_availa
         ("in0", gated["attrs"]["gate"]), ("in1", gated["attrs"]["up"])]  # fmt: skip
     assert tail["signature"] == "pointwise[silu+mul]:f32->f32"
 
-    def impls(index, pattern):
-        if pattern["family"] == "gated_mlp":
-            return [GatedTailImpl(pattern, "reference", label="tail")]
-        return reference_twins(index, pattern)
-
-    opt = fact.optimize(model, [x], implementations=impls, require_faster=False, use_cache=False,
-                        run_dir=tmp_path / "r", quiet=True)  # fmt: skip
-    chosen = {p["family"]: p["chosen"] for p in opt.report["patterns"]}
-    assert chosen["gated_mlp"] == "reference:tail", opt.report["patterns"]
+    opt = _optimize_gated_mlp_as(GatedTailImpl, "tail", model, x, tmp_path)
     gm = opt.graph_module
     assert aten.silu.default not in targets(gm)
     assert len(calls(gm, aten.linear.default)) == 2  # both projections: library GEMMs
