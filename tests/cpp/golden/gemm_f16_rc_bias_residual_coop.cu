@@ -5,6 +5,7 @@
 // whose root computes the pattern's expression from the accumulator and its operands.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -118,6 +119,27 @@ Stride make_stride_from(int64_t ld, int64_t batch_stride) {
   return s;
 }
 
+// How many clusters of this kernel the current device runs at once (cudaOccupancyMaxActiveClusters),
+// asked once per device. CUTLASS's persistent schedulers size their grid from it; without it they
+// assume 18 SMs per GPC, which on a 132-SM H100/H200 launches 116 CTAs for 2x2 clusters.
+// CUTLASS's query leaves shared memory out; registers already allow one CTA per SM.
+int max_active_clusters() {
+  if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
+  static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return 0;
+  int n = known[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = cutlass::KernelHardwareInfo::query_device_max_active_clusters<GemmKernel>();
+    if (n <= 0) {
+      cudaGetLastError();  // clear it: CUTLASS's own estimate is used instead
+      n = -1;
+    }
+    known[device].store(n, std::memory_order_relaxed);
+  }
+  return n > 0 ? n : 0;
+}
+
 bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   if (!p || !p->a || !p->b || !p->d) return false;
   const void* c_ptr = p->operands[1];
@@ -132,6 +154,7 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   a.epilogue.thread = {{}, {static_cast<const cutlass::half_t*>(p->operands[0]), cutlass::half_t(0), {_0{}, _1{}, p->operand_batch_stride[0]}}, {}, {}};
   a.hw_info.device_id = 0;
   a.hw_info.sm_count = p->sm_count;
+  a.hw_info.max_active_clusters = max_active_clusters();
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
   a.scheduler.raster_order = p->raster == 1 ? Raster::AlongM : p->raster == 2 ? Raster::AlongN : Raster::Heuristic;
   a.scheduler.max_swizzle_size = p->max_swizzle > 0 ? p->max_swizzle : 1;
