@@ -286,6 +286,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       realize::CandidateOptions copt;
       copt.arch = opt.discover.arch;
       copt.top_n = opt.candidates;
+      copt.only = opt.configs;
       copt.precision = r.plan["float32_matmul_precision"];
       copt.registry = reg ? &*reg : nullptr;
       cands = realize::candidates(gemm_match, copt);

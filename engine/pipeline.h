@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "discover/cost_model.h"
 #include "discover/planner.h"
@@ -32,6 +33,7 @@ struct RealizeOptions {
   DiscoverOptions discover;
   std::string run_dir;        // where sources, logs, the manifest and the results table go
   size_t candidates = 8;      // configs compiled per pattern (`--candidates N`)
+  std::vector<std::string> configs;  // `--configs`: exactly these config names, where they fit
   std::string cutlass_dir;    // empty: $CUTLASS_DIR
   std::string nvcc = "nvcc";
   std::string cache_dir;      // empty: realize::default_cache_dir()

@@ -5,10 +5,12 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "discover/cost_model.h"
 #include "ir/error.h"
 #include "ir/graph.h"
+#include "realize/emit.h"
 
 namespace fact::realize {
 
@@ -82,8 +84,11 @@ constexpr double kReuseFull = 256.0 * 128.0 / (256.0 + 128.0);
 constexpr double kCoopEff16 = 0.93, kPingpongEff32 = 0.92;
 // Fewer than 3 stages cannot hide global-memory latency behind the MMAs.
 constexpr double kTwoStageEff = 0.85, kThreeStageEff = 0.95;
-// TMA multicast across a cluster cuts L2->SM traffic for the shared operand.
-constexpr double kClusterGain = 1.02;
+// TMA multicast across a cluster cuts L2->SM traffic: each CTA loads its A tile / cluster_n and its
+// B tile / cluster_m. The gain grows with the share of loads saved, up to x1.06 were all of them
+// saved; so a 256x128 tile favours a 1x2 cluster (x1.02) over 2x1 (x1.01), as measured on the H200
+// (bench/results/2026-11-30-clusters/).
+constexpr double kClusterGainMax = 0.06;
 // Stream-K: the partial accumulators of split tiles go through a global workspace and are summed
 // by the tile's last worker: about a tenth of a tile's time.
 // H200 L2: 60 MB (50 MB usable for operand reuse, a rule of thumb).
@@ -93,6 +98,16 @@ constexpr double kStreamKFixup = 0.10;
 // well". Same problem: halve its score; nearest problems: up to x0.7, fading with distance
 // (summed |log2| of the size ratios). Measured clearly slower on the same problem: x1.5.
 constexpr double kWellMeasured = 1.10, kExactBoost = 0.5, kNearBoost = 0.3, kExactSlow = 1.5;
+
+}  // namespace
+
+int sm90_cluster_sms(int cluster_size) {
+  if (cluster_size <= 2) return kSm90SmCount;
+  if (cluster_size <= 8) return 120;
+  return 112;
+}
+
+namespace {
 
 double rate_per_sm(const GemmProblem& p, const GemmConfig& c) {
   const auto& hw = discover::hardware("sm90", "");
@@ -387,17 +402,47 @@ FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& co
   return r;
 }
 
+// How many times A and B come from device memory (when they do not fit in L2), for rank_sm90.
+// Persistent (data-parallel) tiles of one wave run at once and walk through K together, so the
+// tiles of a wave that share a row panel of A (or a column panel of B) read it once; the others
+// find it in L2. A wave of W tiles rastered along M covers min(W, m-tiles) row panels and
+// ceil(W / m-tiles) column panels, along N the other way round; the cheaper order is assumed (the
+// tuner sweeps both). Stream-K workers of one tile cover different K ranges at the same time, so
+// there every tile reads its own panels, shared only within a cluster (TMA multicast): A
+// ceil(n-tiles / cluster_n) times, B ceil(m-tiles / cluster_m) times.
+static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tiles_m, int64_t tiles_n, int64_t batch,
+                                               int64_t sms) {
+  if (c.tile_scheduler == "stream_k") {
+    return {static_cast<double>(ceil_div(tiles_n, c.cluster_n)), static_cast<double>(ceil_div(tiles_m, c.cluster_m))};
+  }
+  const int64_t per_batch = tiles_m * tiles_n;
+  const int64_t wave = std::min(sms, per_batch * batch);
+  if (wave >= per_batch) return {1.0, 1.0};  // a wave holds whole problems of the batch
+  const double waves_per_batch = static_cast<double>(per_batch) / static_cast<double>(wave);
+  // Along M: min(W, m-tiles) row panels of A and ceil(W / m-tiles) column panels of B per wave.
+  const double m_a = waves_per_batch * static_cast<double>(std::min(wave, tiles_m)) / static_cast<double>(tiles_m);
+  const double m_b = waves_per_batch * static_cast<double>(ceil_div(wave, tiles_m)) / static_cast<double>(tiles_n);
+  const double n_a = waves_per_batch * static_cast<double>(ceil_div(wave, tiles_n)) / static_cast<double>(tiles_m);
+  const double n_b = waves_per_batch * static_cast<double>(std::min(wave, tiles_n)) / static_cast<double>(tiles_n);
+  // Weighted by panel size (tile_m rows of A against tile_n columns of B per panel).
+  const double along_m = m_a * c.tile_m * tiles_m + m_b * c.tile_n * tiles_n;
+  const double along_n = n_a * c.tile_m * tiles_m + n_b * c.tile_n * tiles_n;
+  return along_m <= along_n ? std::pair{std::max(1.0, m_a), std::max(1.0, m_b)}
+                            : std::pair{std::max(1.0, n_a), std::max(1.0, n_b)};
+}
+
 // The wave model. For each config:
 //   tiles     = ceil(m/tile_m) x ceil(n/tile_n) x batch, each grid dimension rounded up to the
 //               cluster (padding CTAs occupy SMs without doing work);
 //   t_tile    = flops of one tile / (per-SM peak x efficiency), efficiency = tile reuse x schedule
 //               x stage count x cluster multicast (the priors above);
-//   persistent: ceil(tiles / 132) waves of t_tile;
-//   stream_k  : the tiles' K iterations spread evenly over 132 SMs, plus a fixup; degenerates to
+//   SMs       = 132, or fewer where clusters of 4 or more CTAs cannot fill every GPC
+//               (sm90_cluster_sms);
+//   persistent: ceil(tiles / SMs) waves of t_tile;
+//   stream_k  : the tiles' K iterations spread evenly over the SMs, plus a fixup; degenerates to
 //               data-parallel (+1%) when the tiles fill whole waves;
-//   memory    = the operands' bytes, where an operand bigger than L2 counts once per tile row
-//               (A: ceil(n-tiles / cluster_n), B: ceil(m-tiles / cluster_m); TMA multicast shares a
-//               load across the cluster): re-reads of a small operand hit L2, a big one's do not;
+//   memory    = the operands' bytes, where an operand bigger than L2 is read more than once
+//               (operand_reads); re-reads of one that fits in L2 hit L2;
 //   time      = max(that, memory / bandwidth).
 std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs,
                               const std::vector<registry::Hit>& hits) {
@@ -443,10 +488,16 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
       eff *= kThreeStageEff;
       r.reasons.push_back("3 stages fit (x" + fmt(kThreeStageEff) + ")");
     }
+    const int64_t sms = sm90_cluster_sms(c.cluster_m * c.cluster_n);
     if (c.cluster_m * c.cluster_n > 1) {
-      eff *= kClusterGain;
+      const double loads = static_cast<double>(c.tile_m) / c.cluster_n + static_cast<double>(c.tile_n) / c.cluster_m;
+      const double gain = 1.0 + kClusterGainMax * (1.0 - loads / (c.tile_m + c.tile_n));
+      eff *= gain;
       r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
-                          ": TMA multicast (x" + fmt(kClusterGain) + ")");
+                          ": TMA multicast (x" + fmt(gain, 3) + ")" +
+                          (sms < kSm90SmCount ? ", but only " + std::to_string(sms) + " of " +
+                                                    std::to_string(kSm90SmCount) + " SMs hold such clusters at once"
+                                              : ""));
     }
     if (c.cluster_m > tiles_m || c.cluster_n > tiles_n) {
       r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + " over " +
@@ -455,11 +506,11 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     }
     const double tile_flops = 2.0 * p.b_operands * c.tile_m * c.tile_n * static_cast<double>(p.k);
     const double t_tile = tile_flops / (rate_per_sm(p, c) * eff);
-    const int64_t waves = ceil_div(tiles, kSm90SmCount);
-    const int64_t last = tiles - (waves - 1) * kSm90SmCount;
+    const int64_t waves = ceil_div(tiles, sms);
+    const int64_t last = tiles - (waves - 1) * sms;
     double t_compute = static_cast<double>(waves) * t_tile;
     if (c.tile_scheduler == "stream_k") {
-      if (tiles % kSm90SmCount == 0) {
+      if (tiles % sms == 0) {
         t_compute *= 1.01;
         r.reasons.push_back("stream_k on whole waves: runs data-parallel");
       } else {
@@ -467,21 +518,21 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
         const double t_iter = t_tile / static_cast<double>(k_iters);
         // The fixup (partial accumulators reduced across SMs) costs a share of each SM's work,
         // not of a whole tile's: a whole-K tile can be thousands of iterations long.
-        t_compute = static_cast<double>(ceil_div(useful * k_iters, kSm90SmCount)) * t_iter * (1.0 + kStreamKFixup);
+        t_compute = static_cast<double>(ceil_div(useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
         r.reasons.push_back("stream_k: " + std::to_string(useful * k_iters) + " K iterations over " +
-                            std::to_string(kSm90SmCount) + " SMs, plus fixup");
+                            std::to_string(sms) + " SMs, plus fixup");
       }
     } else {
       r.reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
                           (waves > 1 ? "s" : "") + ", last " +
-                          fmt(100.0 * static_cast<double>(last) / kSm90SmCount, 3) + "% full");
+                          fmt(100.0 * static_cast<double>(last) / static_cast<double>(sms), 3) + "% full" +
+                          (sms < kSm90SmCount ? " (" + std::to_string(sms) + " SMs)" : ""));
     }
     // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
     // and clusters that load each operand once.
     const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
     const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
-    const double a_reads = static_cast<double>(ceil_div(tiles_n, c.cluster_n));
-    const double b_reads = static_cast<double>(ceil_div(tiles_m, c.cluster_m));
+    const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms);
     const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
                          (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
     const double t_mem = t_memory + extra / hw.bandwidth;
@@ -529,6 +580,34 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
   return out;
 }
 
+// `--configs`: the ranked configs named in `names`, in score order. A name outside the
+// enumeration is a typo (UserError); one the filter dropped stays in the dropped log, and when that
+// leaves nothing the pattern is not supported with these configs.
+static std::vector<Ranked> named_configs(const std::vector<Ranked>& ranked, const std::vector<Dropped>& dropped,
+                                  const std::set<std::string>& listed, const std::vector<std::string>& names) {
+  const std::set<std::string> wanted(names.begin(), names.end());
+  for (const auto& name : wanted) {
+    if (!listed.count(name)) {
+      throw UserError("--configs: '" + name +
+                      "' is not a config of the sm90 GEMM space for this pattern; names look like "
+                      "t128x256x64_c2x1_coop_tmacoop_sauto_persistent (candidates/pattern-N.json of a "
+                      "realize run lists the ranked and dropped ones)");
+    }
+  }
+  std::vector<Ranked> out;
+  for (const auto& r : ranked) {
+    if (wanted.count(r.config.name())) out.push_back(r);
+  }
+  if (out.empty()) {
+    std::vector<std::string> why;
+    for (const auto& d : dropped) {
+      if (wanted.count(d.config.name())) why.push_back(d.config.name() + ": " + d.reason);
+    }
+    throw NotSupported("none of the configs asked for (--configs) fits this problem: " + join(why));
+  }
+  return out;
+}
+
 Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   if (!supports_candidates(m, opt.arch)) {
     throw UserError(std::string("kernel candidates: ") + discover::family_name(m.family) + " on " + opt.arch +
@@ -560,6 +639,10 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   out.dropped = std::move(filtered.dropped);
   out.kept = filtered.kept.size();
   auto ranked = rank_sm90(out.problem, filtered.kept, hits);
+  if (!opt.only.empty()) {
+    out.ranked = named_configs(ranked, out.dropped, listed, opt.only);
+    return out;
+  }
   // The top N covers distinct kernels first. Configs that differ only in cluster shape score
   // within a few percent of each other in the model, so a plain cut would spend the tuner's whole
   // budget on one tile shape. Pass 1 takes the best config of each (tile, schedule, scheduler,

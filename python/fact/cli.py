@@ -115,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
     realize.add_argument(
         "--candidates", type=int, metavar="N", help="configs per pattern (default 8)"
     )
+    realize.add_argument(
+        "--configs",
+        metavar="NAME,...",
+        help="compile exactly these configs (names as in candidates/pattern-N.json, e.g. "
+        "t128x256x64_c2x1_coop_tmacoop_sauto_persistent) for every GEMM pattern they fit, "
+        "instead of the ranked top N",
+    )
     realize.add_argument("--jobs", type=int, metavar="N", help="parallel compiles (default: cores)")
     realize.add_argument("--cutlass-dir", metavar="DIR", help="CUTLASS source tree")
     realize.add_argument("--json", action="store_true", help="print the manifest as JSON")
@@ -233,6 +240,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _realize(args: argparse.Namespace) -> int:
     extra = ["--out", str(args.out), "--cutlass-dir", find_cutlass(args.cutlass_dir)]
     extra += _option("--candidates", None if args.candidates is None else str(args.candidates))
+    extra += _option("--configs", args.configs)
     extra += _option("--jobs", None if args.jobs is None else str(args.jobs))
     return _engine_command("realize", args, extra, save_to=None, stream_stderr=True)
 

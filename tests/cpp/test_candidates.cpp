@@ -8,6 +8,7 @@
 
 #include "ir/error.h"
 #include "realize/candidates.h"
+#include "realize/emit.h"
 #include "registry/registry.h"
 
 namespace fact::realize {
@@ -228,6 +229,54 @@ TEST(Candidates, FullWaveRanksAheadOfMostlyEmptyLastWave) {
   EXPECT_EQ(rank_sm90(q, {full, ragged})[0].config, ragged);
 }
 
+TEST(Candidates, ClustersOfFourLeaveSmsIdleAndMulticastFavoursASquareFootprint) {
+  // Llama-3-8B's MLP down projection: 1024 tiles of 128x256, eight waves. Measured on the H200
+  // (bench/results/2026-11-30-clusters/): 128x256 with a 2x1 cluster and 256x128 with 1x2 led,
+  // 2x2 clusters (30 fit at once: 120 SMs) trailed by 6%.
+  const auto p = bf16_problem(8192, 4096, 14336);
+  auto with = [](GemmConfig c, int cm, int cn) {
+    c.cluster_m = cm;
+    c.cluster_n = cn;
+    return c;
+  };
+  const auto wide = cfg(128, 256, 64), tall = cfg(256, 128, 64);
+  const auto ranked = rank_sm90(p, {with(wide, 2, 2), with(wide, 1, 2), with(tall, 2, 1), with(wide, 2, 1),
+                                    with(tall, 1, 2), with(tall, 2, 2)});
+  ASSERT_EQ(ranked.size(), 6u);
+  const std::set<std::string> first{ranked[0].config.name(), ranked[1].config.name()};
+  EXPECT_EQ(first, (std::set<std::string>{with(wide, 2, 1).name(), with(tall, 1, 2).name()}));
+  EXPECT_EQ(ranked[4].config.cluster_m * ranked[4].config.cluster_n, 4);
+  EXPECT_EQ(ranked[5].config.cluster_m * ranked[5].config.cluster_n, 4);
+  bool idle_reason = false;
+  for (const auto& r : ranked[5].reasons) idle_reason |= r.find("only 120 of 132 SMs") != std::string::npos;
+  EXPECT_TRUE(idle_reason);
+  EXPECT_EQ(sm90_cluster_sms(1), 132);
+  EXPECT_EQ(sm90_cluster_sms(2), 132);
+  EXPECT_EQ(sm90_cluster_sms(4), 120);
+}
+
+TEST(Candidates, TilesOfOneWaveShareTheirOperandPanels) {
+  // A (8192x14336 bf16, 235 MB) and B (117 MB) exceed L2. The 132 data-parallel tiles of a wave
+  // read each panel once, so A is not read once per column of tiles (16 times) but about once,
+  // and the GEMM is compute-bound; stream-K workers read their tiles' panels each.
+  const auto p = bf16_problem(8192, 4096, 14336);
+  auto c = cfg(128, 256, 64);
+  c.cluster_m = 2;
+  const auto persistent = rank_sm90(p, {c}).at(0);
+  bool compute_bound = true, a_once = false;
+  for (const auto& r : persistent.reasons) {
+    compute_bound &= r.find("memory-bound") == std::string::npos;
+    a_once |= r.find("re-read: A x1.09,") != std::string::npos;
+  }
+  EXPECT_TRUE(compute_bound);
+  EXPECT_TRUE(a_once);
+  c.tile_scheduler = "stream_k";
+  bool a_per_tile = false;
+  const auto stream_k = rank_sm90(p, {c}).at(0);
+  for (const auto& r : stream_k.reasons) a_per_tile |= r.find("re-read: A x16,") != std::string::npos;
+  EXPECT_TRUE(a_per_tile);
+}
+
 TEST(Candidates, StreamKHelpsAnUnderfilledWave) {
   // 16 tiles of 128x128 and a long K: stream-K spreads the K iterations over all SMs.
   const auto p = bf16_problem(512, 512, 16384);
@@ -260,6 +309,38 @@ TEST(Candidates, TopNBoundsTheOutput) {
   EXPECT_EQ(kernels.size(), 8u);
   // Nothing kept violates a rule the filter knows.
   for (const auto& r : all.ranked) EXPECT_EQ(verdict(all.problem, r.config), "") << r.config.name();
+}
+
+TEST(Candidates, NamedConfigsReplaceTheTopN) {
+  const auto m = gemm_match(8192, 4096, 4096);
+  CandidateOptions opt;
+  opt.top_n = 1;  // ignored with names
+  auto a = cfg(128, 256, 64), b = cfg(128, 128, 64, "pingpong");
+  a.cluster_m = 2;
+  b.cluster_n = 2;
+  opt.only = {b.name(), a.name()};
+  const auto c = candidates(m, opt);
+  ASSERT_EQ(c.ranked.size(), 2u);
+  std::set<std::string> got{c.ranked[0].config.name(), c.ranked[1].config.name()};
+  EXPECT_EQ(got, (std::set<std::string>{a.name(), b.name()}));
+  EXPECT_LE(c.ranked[0].score, c.ranked[1].score);  // best score first, whatever the order asked
+  // A name outside the space is a user's typo, named in the error.
+  opt.only = {a.name(), "t128x128x64_c2x1_coop"};
+  try {
+    candidates(m, opt);
+    FAIL() << "an unknown config name was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("'t128x128x64_c2x1_coop' is not a config"), std::string::npos) << e.what();
+  }
+  // Names the filter drops for this problem: the pattern is not supported, with the reasons.
+  auto pp_wide = cfg(128, 256, 64, "pingpong");  // 256 accumulators per thread
+  opt.only = {pp_wide.name()};
+  try {
+    candidates(m, opt);
+    FAIL() << "a dropped config was kept";
+  } catch (const NotSupported& e) {
+    EXPECT_NE(std::string(e.what()).find(pp_wide.name() + ": registers"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Candidates, DroppedLogIsJson) {

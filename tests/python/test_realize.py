@@ -268,3 +268,21 @@ def test_realize_compiles_a_pointwise_region(engine_available, tmp_path):
     assert lib.family == "pointwise"
     assert (lib.info["inputs"], lib.info["cols"], lib.info["vec"]) == (["bf16"] * 3, 32, 8)
     assert (run / "src" / "fact_pointwise_abi.h").is_file()
+
+
+def test_realize_configs_names_the_unknown_config(engine_available, tmp_path):
+    """`--configs` compiles exactly the named configs; a name outside the config space stops the
+    run before anything compiles, naming it and where the valid names are listed."""
+    problem = tmp_path / "sigmoid_residual.py"
+    problem.write_text(PROBLEM)
+    res = subprocess.run(
+        [sys.executable, "-m", "fact", "realize", str(problem), "--dtype", "bf16",
+         "--configs", "t128x128x64_c1x1_coop_tmacoop_sauto_persistent,t128x128x64_c9x9",
+         "--out", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**__import__("os").environ, "FACT_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert "'t128x128x64_c9x9' is not a config" in res.stderr, res.stderr
+    assert "candidates/pattern-N.json" in res.stderr
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
