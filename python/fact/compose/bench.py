@@ -348,10 +348,14 @@ def run_bench(
             }
         )
         del result
-    # Interleaved rounds, so that clocks and heat treat every module alike.
+    # Interleaved rounds, so that clocks and heat treat every module alike; each round starts one
+    # module later, so no module always follows the same one (the power cap lowers the clock
+    # after a module that draws much, bench/README.md).
     per_round = max(MIN_REPS, reps // ROUNDS)
+    turns = list(zip(results, modules, strict=True))
     for r in range(ROUNDS):
-        for row, (name, module, _) in zip(results, modules, strict=True):
+        start = r % len(turns)
+        for row, (name, module, _) in turns[start:] + turns[:start]:
             say(f"timing {name} (round {r + 1}/{ROUNDS})")
             with torch.no_grad(), SmClock(device) as clock:
                 row["rounds_us"].append(time_us(lambda m=module: m(*data), device, per_round))
