@@ -2173,6 +2173,45 @@ def test_cli_tunes_attention_patterns(fake_attention, fake_kernels, tmp_path):
         assert imp.returncode == 0, imp.stderr
 
 
+def test_tune_run_tunes_a_kernel_shared_by_two_patterns_for_each(
+    engine_available, fake_attention, tmp_path
+):
+    """Two patterns of one signature but different sizes rank the same configs, so realize lists
+    the same kernel for both. Each pattern gets its own tuning row at its own problem (keyed by
+    pattern and kernel, not kernel alone, which once tuned the second pattern's entries twice
+    and left the first with no verified kernel)."""
+    from fact.engine import run_engine
+    from fact.tune.runs import tune_run
+
+    run = tmp_path / "run"
+    (run / "lib").mkdir(parents=True)
+    short = attention_pattern(causal=True)
+    longer = attention_pattern(causal=True, seq_q=96, seq_k=96)
+    assert short["signature"] == longer["signature"] and short["problem"] != longer["problem"]
+    (run / "plan.json").write_text(json.dumps({"arch": "sm90", "patterns": [short, longer]}))
+    shutil.copy(fake_attention("att_good"), run / "lib" / "good.so")
+    manifest = [
+        {"pattern_index": i, "family": "attention", "kernel": "good", "status": "compiled",
+         "library": "lib/good.so", "config": attention_info("good")["config"]}
+        for i in (0, 1)
+    ]  # fmt: skip
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    registry = ["--registry", str(tmp_path / "r.db")]
+    seed = tmp_path / "seed.json"  # a registry that exists (an empty one), as after setup
+    seed.write_text(json.dumps({"fact_registry_export": 1, "schema_version": 2, "rows": []}))
+    run_engine(["registry", "import", str(seed), *registry])
+    best = tune_run(run, "highest", registry=registry, device="cpu")
+    assert sorted(best) == [0, 1]
+    for index in (0, 1):
+        assert [(r["kernel"], r.get("source")) for r in best[index]] == [
+            ("good", "tuned"),
+            ("pytorch", None),
+        ]
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    problems = {r["pattern_index"]: r["problem"] for r in rows if r["kernel"] == "good"}
+    assert problems == {0: short["problem"], 1: longer["problem"]}
+
+
 def test_tune_run_measures_attention_kernels(engine_available, fake_attention, tmp_path):
     """A realize run directory with an attention pattern: its kernels are tuned (rows with
     time_us and error, source "tuned"), the registry keeps them, and a second call reads them

@@ -77,9 +77,14 @@ def tune_run(
     arch = plan.get("arch", "sm90")
     entries, _ = harness.load_manifest(run)  # library paths resolved against the run
     built = [e for e in entries if e.get("library")]
-    by_kernel = {e["kernel"]: e for e in built}
+    # One kernel can serve several patterns (same signature, other sizes): entries are keyed by
+    # pattern and kernel, and each pattern's are tuned at its own problem.
+    by_entry = {(e["pattern_index"], e["kernel"]): e for e in built}
     pending = unmeasured(run, registry)
-    pending = built if pending is None else [by_kernel[e["kernel"]] for e in pending]
+    if pending is None:
+        pending = built
+    else:
+        pending = [by_entry[(e["pattern_index"], e["kernel"])] for e in pending]
     # GEMM-family and attention kernels go through the harness; the others (row norms,
     # pointwise regions) are verified and timed where they run, in the composed module's
     # context, and listed untimed below.
