@@ -159,6 +159,21 @@ std::string results_table(const json& manifest) {
 RealizeResult run_realize(const RealizeOptions& opt) {
   namespace fs = std::filesystem;
   RealizeResult r;
+  // --configs: names only, checked before any work (whether a pattern can use one is its own
+  // business: see realize::candidates).
+  std::vector<std::string> configs;
+  for (const auto& raw : opt.configs) {
+    const auto first = raw.find_first_not_of(" \t"), last = raw.find_last_not_of(" \t");
+    if (first == std::string::npos) continue;
+    const auto name = raw.substr(first, last - first + 1);
+    if (!realize::GemmConfig::is_name(name)) {
+      throw UserError("--configs: '" + name +
+                      "' is not a GEMM config name; names look like t128x256x64_c2x1_coop_tmacoop_sauto_persistent "
+                      "(tile, cluster, kernel and epilogue schedule, stages, tile scheduler; see "
+                      "candidates/pattern-N.json of a realize run)");
+    }
+    configs.push_back(name);
+  }
   // 1. Discover (the plan), exactly as `fact discover` would.
   auto d = run_discover(opt.discover);
   r.plan = d.plan;
@@ -286,7 +301,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       realize::CandidateOptions copt;
       copt.arch = opt.discover.arch;
       copt.top_n = opt.candidates;
-      copt.only = opt.configs;
+      copt.only = configs;
       copt.precision = r.plan["float32_matmul_precision"];
       copt.registry = reg ? &*reg : nullptr;
       cands = realize::candidates(gemm_match, copt);

@@ -402,33 +402,46 @@ FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& co
   return r;
 }
 
+// Stream-K tiles among `tiles` on `sms` CTAs, as CUTLASS's heuristic decomposition picks them
+// (tile_scheduler_params.h, get_num_sk_tiles): none when the tiles fill whole waves or the last
+// wave is at least half full; else the last two waves' worth (all tiles below two full waves),
+// the others data-parallel.
+static int64_t stream_k_tiles(int64_t tiles, int64_t sms) {
+  const int64_t full = tiles / sms, tail = tiles - full * sms;
+  if (tail == 0 || 2 * tail >= sms) return 0;
+  return tiles - (full > 1 ? full - 1 : 0) * sms;
+}
+
 // How many times A and B come from device memory (when they do not fit in L2), for rank_sm90.
-// Persistent (data-parallel) tiles of one wave run at once and walk through K together, so the
-// tiles of a wave that share a row panel of A (or a column panel of B) read it once; the others
-// find it in L2. A wave of W tiles rastered along M covers min(W, m-tiles) row panels and
+// Data-parallel tiles of one wave run at once and walk through K together, so the tiles of a
+// wave that share a row panel of A (or a column panel of B) read it once; the others find it in
+// L2. A wave of W tiles rastered along M covers min(W, m-tiles) row panels and
 // ceil(W / m-tiles) column panels, along N the other way round; the cheaper order is assumed (the
 // tuner sweeps both). Stream-K workers of one tile cover different K ranges at the same time, so
-// there every tile reads its own panels, shared only within a cluster (TMA multicast): A
-// ceil(n-tiles / cluster_n) times, B ceil(m-tiles / cluster_m) times.
-static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tiles_m, int64_t tiles_n, int64_t batch,
-                                               int64_t sms) {
-  if (c.tile_scheduler == "stream_k") {
-    return {static_cast<double>(ceil_div(tiles_n, c.cluster_n)), static_cast<double>(ceil_div(tiles_m, c.cluster_m))};
-  }
+// stream-K tiles (a share `sk_share` of all) read their own panels, shared only within a cluster
+// (TMA multicast): A ceil(n-tiles / cluster_n) times, B ceil(m-tiles / cluster_m) times.
+static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tiles_m, int64_t tiles_n,
+                                               int64_t batch, int64_t sms, double sk_share) {
+  const double own_a = static_cast<double>(ceil_div(tiles_n, c.cluster_n));
+  const double own_b = static_cast<double>(ceil_div(tiles_m, c.cluster_m));
+  double dp_a = 1.0, dp_b = 1.0;
   const int64_t per_batch = tiles_m * tiles_n;
   const int64_t wave = std::min(sms, per_batch * batch);
-  if (wave >= per_batch) return {1.0, 1.0};  // a wave holds whole problems of the batch
-  const double waves_per_batch = static_cast<double>(per_batch) / static_cast<double>(wave);
-  // Along M: min(W, m-tiles) row panels of A and ceil(W / m-tiles) column panels of B per wave.
-  const double m_a = waves_per_batch * static_cast<double>(std::min(wave, tiles_m)) / static_cast<double>(tiles_m);
-  const double m_b = waves_per_batch * static_cast<double>(ceil_div(wave, tiles_m)) / static_cast<double>(tiles_n);
-  const double n_a = waves_per_batch * static_cast<double>(ceil_div(wave, tiles_n)) / static_cast<double>(tiles_m);
-  const double n_b = waves_per_batch * static_cast<double>(std::min(wave, tiles_n)) / static_cast<double>(tiles_n);
-  // Weighted by panel size (tile_m rows of A against tile_n columns of B per panel).
-  const double along_m = m_a * c.tile_m * tiles_m + m_b * c.tile_n * tiles_n;
-  const double along_n = n_a * c.tile_m * tiles_m + n_b * c.tile_n * tiles_n;
-  return along_m <= along_n ? std::pair{std::max(1.0, m_a), std::max(1.0, m_b)}
-                            : std::pair{std::max(1.0, n_a), std::max(1.0, n_b)};
+  if (wave < per_batch) {  // else a wave holds whole problems of the batch: each panel once
+    const double waves = static_cast<double>(per_batch) / static_cast<double>(wave);
+    const double rows = static_cast<double>(tiles_m), cols = static_cast<double>(tiles_n);
+    // Along M: min(W, m-tiles) row panels of A and ceil(W / m-tiles) column panels of B a wave.
+    const double m_a = waves * static_cast<double>(std::min(wave, tiles_m)) / rows;
+    const double m_b = waves * static_cast<double>(ceil_div(wave, tiles_m)) / cols;
+    const double n_a = waves * static_cast<double>(ceil_div(wave, tiles_n)) / rows;
+    const double n_b = waves * static_cast<double>(std::min(wave, tiles_n)) / cols;
+    // Weighted by the rows of A and columns of B they move.
+    const double along_m = m_a * c.tile_m * rows + m_b * c.tile_n * cols;
+    const double along_n = n_a * c.tile_m * rows + n_b * c.tile_n * cols;
+    dp_a = std::max(1.0, along_m <= along_n ? m_a : n_a);
+    dp_b = std::max(1.0, along_m <= along_n ? m_b : n_b);
+  }
+  return {(1.0 - sk_share) * dp_a + sk_share * own_a, (1.0 - sk_share) * dp_b + sk_share * own_b};
 }
 
 // The wave model. For each config:
@@ -439,8 +452,9 @@ static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tile
 //   SMs       = 132, or fewer where clusters of 4 or more CTAs cannot fill every GPC
 //               (sm90_cluster_sms);
 //   persistent: ceil(tiles / SMs) waves of t_tile;
-//   stream_k  : the tiles' K iterations spread evenly over the SMs, plus a fixup; degenerates to
-//               data-parallel (+1%) when the tiles fill whole waves;
+//   stream_k  : as CUTLASS decomposes it (stream_k_tiles): the stream-K tiles' K iterations
+//               spread evenly over the SMs, plus a fixup, after the data-parallel waves; all
+//               data-parallel (+1%) when the waves are whole or the last one at least half full;
 //   memory    = the operands' bytes, where an operand bigger than L2 is read more than once
 //               (operand_reads); re-reads of one that fits in L2 hit L2;
 //   time      = max(that, memory / bandwidth).
@@ -509,18 +523,24 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     const int64_t waves = ceil_div(tiles, sms);
     const int64_t last = tiles - (waves - 1) * sms;
     double t_compute = static_cast<double>(waves) * t_tile;
+    const int64_t sk_tiles = c.tile_scheduler == "stream_k" ? stream_k_tiles(tiles, sms) : 0;
     if (c.tile_scheduler == "stream_k") {
-      if (tiles % sms == 0) {
+      if (sk_tiles == 0) {
         t_compute *= 1.01;
-        r.reasons.push_back("stream_k on whole waves: runs data-parallel");
+        r.reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) +
+                            " tiles: whole waves, or a last wave at least half full)");
       } else {
         const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
         const double t_iter = t_tile / static_cast<double>(k_iters);
+        const int64_t dp_waves = (tiles - sk_tiles) / sms;
+        const int64_t sk_useful = std::max<int64_t>(0, useful - dp_waves * sms);
         // The fixup (partial accumulators reduced across SMs) costs a share of each SM's work,
         // not of a whole tile's: a whole-K tile can be thousands of iterations long.
-        t_compute = static_cast<double>(ceil_div(useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
-        r.reasons.push_back("stream_k: " + std::to_string(useful * k_iters) + " K iterations over " +
-                            std::to_string(sms) + " SMs, plus fixup");
+        t_compute = static_cast<double>(dp_waves) * t_tile +
+                    static_cast<double>(ceil_div(sk_useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
+        r.reasons.push_back("stream_k: " + std::to_string(sk_useful * k_iters) + " K iterations of " +
+                            std::to_string(sk_useful) + " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
+                            (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
       }
     } else {
       r.reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
@@ -532,7 +552,8 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     // and clusters that load each operand once.
     const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
     const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
-    const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms);
+    const double sk_share = static_cast<double>(sk_tiles) / static_cast<double>(std::max<int64_t>(1, tiles));
+    const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms, sk_share);
     const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
                          (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
     const double t_mem = t_memory + extra / hw.bandwidth;
@@ -580,20 +601,12 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
   return out;
 }
 
-// `--configs`: the ranked configs named in `names`, in score order. A name outside the
-// enumeration is a typo (UserError); one the filter dropped stays in the dropped log, and when that
-// leaves nothing the pattern is not supported with these configs.
+// `--configs`: the ranked configs named in `names`, in score order. Names outside this pattern's
+// space (another dtype's math, a stream-K variant its size does not list) and names the filter
+// dropped are left out; when that leaves nothing, the pattern is not supported with these configs.
 static std::vector<Ranked> named_configs(const std::vector<Ranked>& ranked, const std::vector<Dropped>& dropped,
-                                  const std::set<std::string>& listed, const std::vector<std::string>& names) {
+                                         const std::set<std::string>& listed, const std::vector<std::string>& names) {
   const std::set<std::string> wanted(names.begin(), names.end());
-  for (const auto& name : wanted) {
-    if (!listed.count(name)) {
-      throw UserError("--configs: '" + name +
-                      "' is not a config of the sm90 GEMM space for this pattern; names look like "
-                      "t128x256x64_c2x1_coop_tmacoop_sauto_persistent (candidates/pattern-N.json of a "
-                      "realize run lists the ranked and dropped ones)");
-    }
-  }
   std::vector<Ranked> out;
   for (const auto& r : ranked) {
     if (wanted.count(r.config.name())) out.push_back(r);
@@ -602,6 +615,9 @@ static std::vector<Ranked> named_configs(const std::vector<Ranked>& ranked, cons
     std::vector<std::string> why;
     for (const auto& d : dropped) {
       if (wanted.count(d.config.name())) why.push_back(d.config.name() + ": " + d.reason);
+    }
+    for (const auto& name : wanted) {
+      if (!listed.count(name)) why.push_back(name + ": not in this pattern's configuration space");
     }
     throw NotSupported("none of the configs asked for (--configs) fits this problem: " + join(why));
   }

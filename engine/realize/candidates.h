@@ -34,7 +34,7 @@ inline constexpr int kSm90ConsumerRegisters = 232;
 
 // SMs a persistent grid of `cluster_size`-CTA clusters occupies at once on such a GPU: the
 // clusters that fit (cudaOccupancyMaxActiveClusters) times their size. A cluster must sit in one
-// GPC, and the H200's GPCs hold 16 or 18 SMs, so 4-CTA clusters leave 12 SMs idle. Measured on
+// GPC, and not every GPC holds a multiple of 4 SMs, so 4-CTA clusters leave 12 SMs idle. Measured on
 // the lent H200 (bench/cluster_occupancy.cu: 132 SMs for clusters of 1 and 2, 120 for 4 and 8,
 // 112 for 16); which GPCs lose SMs varies from chip to chip, so another H100/H200 may differ a
 // little. The generated kernels ask the device itself at run time.
@@ -123,8 +123,8 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
 // it), then face the same filter. The top N takes the best config of each distinct kernel (tile,
 // schedule, tile scheduler, stages) before any cluster-shape variant of one already taken, and is
 // returned best score first. UserError for families or arches it does not handle.
-// With opt.only: the named configs that pass the filter, best score first; UserError for a name
-// the enumeration does not know; NotSupported when the filter drops every one of them.
+// With opt.only: the named configs in this pattern's space that pass the filter, best score
+// first; NotSupported when none does.
 Candidates candidates(const discover::Match& m, const CandidateOptions& opt = {});
 
 // The dropped configs as JSON, for the caller to write into the run directory:

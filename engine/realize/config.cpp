@@ -1,5 +1,7 @@
 #include "realize/config.h"
 
+#include <regex>
+
 namespace fact::realize {
 
 std::string GemmConfig::name() const {
@@ -15,6 +17,13 @@ std::string GemmConfig::name() const {
                   (stages == 0 ? std::string("auto") : std::to_string(stages)) + "_" + tile_scheduler;
   if (math != "default") n += "_" + math;
   return n;
+}
+
+bool GemmConfig::is_name(const std::string& text) {
+  static const std::regex shape(
+      "t[0-9]+x[0-9]+x[0-9]+_c[0-9]+x[0-9]+_(coop|pp)_(tmacoop|tma)_s(auto|[0-9]+)_(persistent|stream_k)"
+      "(_(tf32|3xtf32))?");
+  return std::regex_match(text, shape);
 }
 
 nlohmann::json GemmConfig::to_json() const {

@@ -20,6 +20,8 @@ struct GemmConfig {
   std::string math = "default";                     // default | tf32 | 3xtf32 (f32 operands)
 
   std::string name() const;  // "t128x128x64_c2x1_coop_tmacoop_sauto_persistent"
+  // Whether `text` has the shape of a name() (not whether a problem can use that config).
+  static bool is_name(const std::string& text);
   nlohmann::json to_json() const;
   static GemmConfig from_json(const nlohmann::json& j);
   bool operator==(const GemmConfig&) const = default;

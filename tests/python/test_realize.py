@@ -271,18 +271,19 @@ def test_realize_compiles_a_pointwise_region(engine_available, tmp_path):
 
 
 def test_realize_configs_names_the_unknown_config(engine_available, tmp_path):
-    """`--configs` compiles exactly the named configs; a name outside the config space stops the
-    run before anything compiles, naming it and where the valid names are listed."""
+    """`--configs` compiles exactly the named configs; a name that is no config name stops the
+    run before anything compiles, naming it and where the valid names are listed (spaces
+    around names are fine)."""
     problem = tmp_path / "sigmoid_residual.py"
     problem.write_text(PROBLEM)
     res = subprocess.run(
         [sys.executable, "-m", "fact", "realize", str(problem), "--dtype", "bf16",
-         "--configs", "t128x128x64_c1x1_coop_tmacoop_sauto_persistent,t128x128x64_c9x9",
+         "--configs", "t128x128x64_c1x1_coop_tmacoop_sauto_persistent, t128x128x64_c9x9",
          "--out", str(tmp_path / "run")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**__import__("os").environ, "FACT_CACHE_DIR": str(tmp_path / "cache")},
     )  # fmt: skip
     assert res.returncode != 0
-    assert "'t128x128x64_c9x9' is not a config" in res.stderr, res.stderr
+    assert "'t128x128x64_c9x9' is not a GEMM config name" in res.stderr, res.stderr
     assert "candidates/pattern-N.json" in res.stderr
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
