@@ -10,11 +10,13 @@ measures it per kernel, so that a CUTLASS config can be compared with cuBLAS on 
 For each pattern of each realize run directory (bench/realize_gemm.sh or `fact realize`): every
 kernel runs back to back for --seconds (after as long a warm-up), without L2 flushes, while NVML is
 read every 10 ms (SM clock) and its energy counter is read before and after. Reported per kernel:
-time per call (CUDA events around the whole loop), TFLOP/s, the median SM clock, mean power,
-energy per call, and the time per call scaled to the maximum clock (time * clock / max clock,
-a kernel's efficiency with the power cap taken out). PyTorch runs first and again last, to show
-how much the machine drifted in between. Correctness is not checked here: run gemm_bench.py on
-the same run directories for that.
+time per call (CUDA events around the whole loop), TFLOP/s, the median SM clock, mean power
+(NVML's energy over the loop / its time), energy per call, and the time per call scaled to the
+maximum clock (time * clock / max clock: the kernel with the power cap taken out, meaningful for
+compute-bound kernels only). FACT's kernels run with the default launch knobs, not tuned ones.
+PyTorch runs first and again last, to show how much the machine drifted in between. A mean power
+above the enforced limit marks a window too short for NVML's energy counter. Correctness is not
+checked here: run gemm_bench.py on the same run directories for that.
 
     python3 bench/gemm_energy.py RUNS_DIR [--only NAME,...] [--seconds 1.0] --out DIR
 """
@@ -54,12 +56,18 @@ class Nvml:
         if self.lib.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(self.handle)) != 0:
             raise RuntimeError(f"NVML does not know {uuid.decode()}")
         value = ctypes.c_uint()
-        self.lib.nvmlDeviceGetMaxClockInfo(self.handle, self.CLOCK_SM, ctypes.byref(value))
+        if self.lib.nvmlDeviceGetMaxClockInfo(self.handle, self.CLOCK_SM, ctypes.byref(value)):
+            raise RuntimeError("NVML does not give the maximum SM clock")
         self.max_clock = int(value.value)
+        limit = ctypes.c_uint()
+        ok = self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(limit)) == 0
+        self.power_limit_w = limit.value / 1e3 if ok else None
 
     def clock(self) -> int:
+        """The current SM clock (MHz); 0 when NVML refuses."""
         value = ctypes.c_uint()
-        self.lib.nvmlDeviceGetClockInfo(self.handle, self.CLOCK_SM, ctypes.byref(value))
+        if self.lib.nvmlDeviceGetClockInfo(self.handle, self.CLOCK_SM, ctypes.byref(value)):
+            return 0
         return int(value.value)
 
     def energy_mj(self) -> int:
@@ -71,15 +79,16 @@ class Nvml:
 
 def sustained(fn, nvml: Nvml, seconds: float) -> dict:
     """fn() back to back for `seconds` after as long a warm-up; per-call time, clock, energy."""
+    fn()  # first-call costs (library set-up, lazy loading) stay out of the probe
     torch.cuda.synchronize()
     # Calls per second, roughly, from a short probe.
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(5):
+    for _ in range(20):
         fn()
     end.record()
     torch.cuda.synchronize()
-    per_call_s = start.elapsed_time(end) / 5e3
+    per_call_s = start.elapsed_time(end) / 20e3
     calls = max(10, int(seconds / per_call_s))
     for _ in range(calls):  # warm-up: let the clock settle under this kernel's draw
         fn()
@@ -104,6 +113,7 @@ def sustained(fn, nvml: Nvml, seconds: float) -> dict:
     stop.set()
     thread.join()
     us = start.elapsed_time(end) * 1e3 / calls
+    samples = [mhz for mhz in samples if mhz]
     clock = statistics.median(samples) if samples else 0
     energy = (e1 - e0) / calls if e0 >= 0 and e1 >= 0 else None
     return {
@@ -154,14 +164,17 @@ def bench_pattern(pattern: dict, entries: list[dict], nvml: Nvml, seconds: float
     return rows
 
 
-def table(name: str, signature: str, problem: dict, rows: list[dict]) -> str:
+def table(
+    name: str, signature: str, problem: dict, rows: list[dict], power_limit_w: float | None
+) -> str:
     size = f"{problem['m']}x{problem['n']}x{problem['k']}" + (
         f" (batch {problem['batch']})" if problem.get("batch", 1) > 1 else ""
     )
     lines = [
         f"### {name}: `{signature}` {size}",
         "",
-        "| kernel | us/call | TFLOP/s | SM clock (MHz) | W | mJ/call | us at max clock |",
+        "| kernel | us/call | TFLOP/s | SM clock (MHz) | W | mJ/call | us at max clock "
+        "(compute-bound) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     ok = sorted((r for r in rows if r.get("us")), key=lambda r: r["us"])
@@ -175,12 +188,20 @@ def table(name: str, signature: str, problem: dict, rows: list[dict]) -> str:
                 r["us"],
                 r["tflops"],
                 r["sm_clock_mhz"],
-                f"{r['watts']:.0f}" if r.get("watts") else "-",
+                watts(r.get("watts"), power_limit_w),
                 f"{r['energy_mj']:.2f}" if r.get("energy_mj") else "-",
                 r["us_at_max_clock"] or 0.0,
             )
         )
     return "\n".join(lines)
+
+
+def watts(value: float | None, limit: float | None) -> str:
+    """Mean power; above the enforced limit it marks a window too short for the energy counter."""
+    if not value:
+        return "-"
+    over = limit is not None and value > limit
+    return f"{value:.0f}" + (" (over the limit: window too short)" if over else "")
 
 
 def main() -> int:
@@ -212,7 +233,9 @@ def main() -> int:
             print(f"   {time.perf_counter() - t0:.0f} s", flush=True)
             problem = resolve_problem(gemm_spec(pattern))
             results.append({"run": run.name, "pattern_index": index, "rows": rows})
-            sections.append(table(run.name, pattern["signature"], problem, rows))
+            sections.append(
+                table(run.name, pattern["signature"], problem, rows, nvml.power_limit_w)
+            )
     env = harness.environment(torch.device("cuda"))
     record = {"environment": env, "max_sm_clock_mhz": nvml.max_clock, "results": results}
     (args.out / "gemm_energy.json").write_text(json.dumps(record, indent=1))

@@ -890,6 +890,21 @@ def test_profile_split_drops_the_flush_on_the_markers_stream_only():
     assert [[e["name"] for e in c] for c in split_calls(trace)] == [["gemm", "side_copy"], ["norm"]]
 
 
+def test_bench_rounds_change_which_module_goes_before_which():
+    """fact bench's interleaved rounds: every module is timed once a round, and none follows the
+    same module (or starts) in every round, so the clock left by one module does not always
+    fall on the same next one."""
+    from fact.compose.bench import ROUNDS, round_order
+
+    for n in (2, 3, 4):
+        items = list(range(n))
+        orders = [round_order(items, r) for r in range(ROUNDS)]
+        assert all(sorted(o) == items for o in orders)
+        for item in items:
+            before = {o[o.index(item) - 1] if o.index(item) else None for o in orders}
+            assert len(before) > 1, (n, item, orders)
+
+
 def test_sm_clock_samples_while_the_block_runs_and_the_report_shows_them(ref_opt):
     from fact.compose.bench import SmClock
 

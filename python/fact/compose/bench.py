@@ -187,6 +187,15 @@ def timeline(calls: list[list[dict[str, Any]]], gaps: int = 6) -> dict[str, Any]
     return out
 
 
+def round_order(items: list, r: int) -> list:
+    """The order of round r: the items rotated by r, reversed first in odd rounds when there are
+    more than two (rotation alone keeps four modules' neighbours). With two to four modules over
+    three rounds no module follows the same one in every round."""
+    order = items[::-1] if r % 2 and len(items) > 2 else list(items)
+    start = r % len(order) if order else 0
+    return order[start:] + order[:start]
+
+
 class SmClock:
     """The GPU's SM clock (MHz), read through NVML every few milliseconds while the block runs,
     for the record: a module timed while the clock was low reads slower (bench/clock_drop.py).
@@ -348,14 +357,13 @@ def run_bench(
             }
         )
         del result
-    # Interleaved rounds, so that clocks and heat treat every module alike; each round starts one
-    # module later, so no module always follows the same one (the power cap lowers the clock
-    # after a module that draws much, bench/README.md).
+    # Interleaved rounds, so that clocks and heat treat every module alike, in an order that
+    # changes from round to round so that no module always follows the same one (the power cap
+    # lowers the clock after a module that draws much, bench/README.md).
     per_round = max(MIN_REPS, reps // ROUNDS)
     turns = list(zip(results, modules, strict=True))
     for r in range(ROUNDS):
-        start = r % len(turns)
-        for row, (name, module, _) in turns[start:] + turns[:start]:
+        for row, (name, module, _) in round_order(turns, r):
             say(f"timing {name} (round {r + 1}/{ROUNDS})")
             with torch.no_grad(), SmClock(device) as clock:
                 row["rounds_us"].append(time_us(lambda m=module: m(*data), device, per_round))

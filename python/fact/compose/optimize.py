@@ -924,6 +924,16 @@ def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any
     and the medians are compared: timed one after the other, the first ran at a higher clock
     and won by up to 7 % what the benchmark then measured the other way round."""
     device = _device_of(example)
+
+    def no_replay(exc: Exception) -> dict[str, Any]:
+        object.__setattr__(opt, "_replay", None)
+        return {
+            "graph_us": math.inf,
+            "launch_us": math.nan,
+            "chosen": "launches",
+            "error": f"{type(exc).__name__}: {exc}",
+        }
+
     for mode in (True, False):  # warm up both; the first replayed call captures the graph
         opt.cuda_graphs = mode
         try:
@@ -932,19 +942,18 @@ def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any
         except Exception as exc:  # noqa: BLE001 - capture can fail (a sync in some op)
             if not mode:
                 raise
-            object.__setattr__(opt, "_replay", None)
-            return {
-                "graph_us": math.inf,
-                "launch_us": math.nan,
-                "chosen": "launches",
-                "error": f"{type(exc).__name__}: {exc}",
-            }
+            return no_replay(exc)
     turns: dict[bool, list[float]] = {True: [], False: []}
     for r in range(CHECK_ROUNDS):
         for mode in (True, False) if r % 2 == 0 else (False, True):
             opt.cuda_graphs = mode
-            with torch.no_grad():
-                turns[mode].append(time_us(lambda: opt(*example), device))
+            try:
+                with torch.no_grad():
+                    turns[mode].append(time_us(lambda: opt(*example), device))
+            except Exception as exc:  # noqa: BLE001 - a replay that fails later: no replay
+                if not mode:
+                    raise
+                return no_replay(exc)
     times = {mode: statistics.median(t) for mode, t in turns.items()}
     chosen = "cuda_graph" if times[True] < times[False] else "launches"
     if chosen == "launches":
