@@ -48,7 +48,7 @@ for job in "$@"; do
   echo "== $job: $(( $(date +%s) - start )) s wall (optimize included)" | tee -a "$OUT/$job.log"
   if [ "$RUNS" != "$OUT" ]; then
     for f in report.md report.json report.png optimize.json transcript.txt plan.json; do
-      [ -f "$RUNS/$job/$f" ] && cp "$RUNS/$job/$f" "$OUT/$job/"
+      if [ -f "$RUNS/$job/$f" ]; then cp "$RUNS/$job/$f" "$OUT/$job/"; fi  # a warm run has no plan.json
     done
   fi
 done
