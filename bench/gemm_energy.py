@@ -37,38 +37,29 @@ sys.path.insert(0, str(REPO / "python"))
 
 import torch  # noqa: E402
 
+from fact.compose.bench import NVML_CLOCK_SM, nvml_device, nvml_sm_clock_reader  # noqa: E402
 from fact.tune import harness  # noqa: E402
 from fact.tune.inputs import gemm_args, make_inputs, resolve_problem  # noqa: E402
 from fact.tune.reference import gemm_spec, pytorch_candidate  # noqa: E402
 
 
 class Nvml:
-    """SM clock (MHz), its maximum, and the energy counter (mJ) of one GPU, through NVML."""
-
-    CLOCK_SM = 1
+    """SM clock (MHz), its maximum, the enforced power limit and the energy counter (mJ) of one
+    GPU, through NVML (opened by fact bench's nvml_device)."""
 
     def __init__(self, index: int):
-        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        if self.lib.nvmlInit_v2() != 0:
-            raise RuntimeError("nvmlInit failed")
-        uuid = f"GPU-{torch.cuda.get_device_properties(index).uuid}".encode()
-        self.handle = ctypes.c_void_p()
-        if self.lib.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(self.handle)) != 0:
-            raise RuntimeError(f"NVML does not know {uuid.decode()}")
+        opened = nvml_device(index)
+        if opened is None:
+            raise RuntimeError("NVML is missing or does not know this GPU")
+        self.lib, self.handle = opened
+        self.clock = nvml_sm_clock_reader(index)  # () -> MHz, 0 when NVML refuses
         value = ctypes.c_uint()
-        if self.lib.nvmlDeviceGetMaxClockInfo(self.handle, self.CLOCK_SM, ctypes.byref(value)):
+        if self.lib.nvmlDeviceGetMaxClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(value)):
             raise RuntimeError("NVML does not give the maximum SM clock")
         self.max_clock = int(value.value)
         limit = ctypes.c_uint()
         ok = self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(limit)) == 0
         self.power_limit_w = limit.value / 1e3 if ok else None
-
-    def clock(self) -> int:
-        """The current SM clock (MHz); 0 when NVML refuses."""
-        value = ctypes.c_uint()
-        if self.lib.nvmlDeviceGetClockInfo(self.handle, self.CLOCK_SM, ctypes.byref(value)):
-            return 0
-        return int(value.value)
 
     def energy_mj(self) -> int:
         value = ctypes.c_ulonglong()
@@ -149,12 +140,11 @@ def bench_pattern(pattern: dict, entries: list[dict], nvml: Nvml, seconds: float
         if lib.can_implement(args) != 0:
             rows.append({"kernel": fields["kernel"], "error": lib.last_error()})
             continue
-        nbytes = lib.workspace_size(args)
-        buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+        buf, ptr, nbytes = harness._workspace(lib, args, device)
         stream = torch.cuda.current_stream().cuda_stream
 
-        def launch(lib=lib, args=args, buf=buf, nbytes=nbytes, stream=stream) -> None:
-            lib.run(args, buf.data_ptr() if nbytes else None, nbytes, stream)
+        def launch(lib=lib, args=args, buf=buf, ptr=ptr, nbytes=nbytes, stream=stream) -> None:
+            lib.run(args, ptr, nbytes, stream)  # buf: the workspace kept alive
 
         rows.append({"kernel": fields["kernel"], **sustained(launch, nvml, seconds)})
     torch_row("pytorch (again)")

@@ -248,13 +248,13 @@ def _nvml_sm_clock(device: torch.device) -> Callable[[], int] | None:
         index = device.index if device.index is not None else torch.cuda.current_device()
     except Exception:  # noqa: BLE001 - no CUDA here: no clock to read
         return None
-    return _nvml_reader(index)
+    return nvml_sm_clock_reader(index)
 
 
 @functools.cache
-def _nvml_reader(index: int) -> Callable[[], int] | None:
-    """_nvml_sm_clock's reader for CUDA device `index`: NVML is loaded and asked for the
-    device's handle once per process, not once per timed round."""
+def nvml_device(index: int) -> tuple[Any, Any] | None:
+    """(the driver's NVML library, the handle of CUDA device `index`), or None where NVML is
+    missing or refuses. Opened once per process and device."""
     import ctypes
 
     try:
@@ -265,8 +265,20 @@ def _nvml_reader(index: int) -> Callable[[], int] | None:
         handle = ctypes.c_void_p()
         if nvml.nvmlDeviceGetHandleByUUID(uuid, ctypes.byref(handle)) != 0:
             return None
-    except Exception:  # noqa: BLE001 - best effort: the clock is for the record only
+    except Exception:  # noqa: BLE001 - best effort: the readings are for the record only
         return None
+    return nvml, handle
+
+
+@functools.cache
+def nvml_sm_clock_reader(index: int) -> Callable[[], int] | None:
+    """A reader of CUDA device `index`'s SM clock (MHz; 0 when NVML refuses), or None."""
+    import ctypes
+
+    opened = nvml_device(index)
+    if opened is None:
+        return None
+    nvml, handle = opened
     clock = ctypes.c_uint()
 
     def read() -> int:
