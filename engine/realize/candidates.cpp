@@ -508,7 +508,7 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
       const double gain = 1.0 + kClusterGainMax * (1.0 - loads / (c.tile_m + c.tile_n));
       eff *= gain;
       r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
-                          ": TMA multicast (x" + fmt(gain, 3) + ")" +
+                          ": TMA multicast (x" + fmt(gain) + ")" +
                           (sms < kSm90SmCount ? ", but only " + std::to_string(sms) + " of " +
                                                     std::to_string(kSm90SmCount) + " SMs hold such clusters at once"
                                               : ""));
