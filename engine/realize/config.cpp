@@ -54,11 +54,14 @@ GemmConfig GemmConfig::from_json(const nlohmann::json& j) {
 
 std::string LaunchKnobs::name() const {
   const std::string r = raster == "heuristic" ? "heur" : raster == "along_m" ? "m" : "n";
-  return "r_" + r + "_s" + std::to_string(max_swizzle) + "_k" + std::to_string(splits);
+  return "r_" + r + "_s" + std::to_string(max_swizzle) + "_k" + std::to_string(splits) +
+         (reduction == "nondeterministic" ? "_nd" : "");
 }
 
 nlohmann::json LaunchKnobs::to_json() const {
-  return {{"raster", raster}, {"max_swizzle", max_swizzle}, {"splits", splits}};
+  nlohmann::json j = {{"raster", raster}, {"max_swizzle", max_swizzle}, {"splits", splits}};
+  if (reduction != "deterministic") j["reduction"] = reduction;
+  return j;
 }
 
 }  // namespace fact::realize

@@ -32,8 +32,11 @@ struct LaunchKnobs {
   std::string raster = "heuristic";  // heuristic | along_m | along_n
   int max_swizzle = 1;               // 1, 2, 4, 8
   int splits = 1;                    // split-K factor (stream_k scheduler), 1 = none
+  // How a split tile's partial sums are added (stream_k scheduler): deterministic (in K order)
+  // or nondeterministic (atomic adds, in arrival order; the last bits may differ between runs).
+  std::string reduction = "deterministic";
 
-  std::string name() const;  // "r_heur_s1_k1"
+  std::string name() const;  // "r_heur_s1_k1", "r_heur_s1_k1_nd" for a nondeterministic reduction
   nlohmann::json to_json() const;
 };
 

@@ -415,8 +415,12 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
               o.kind + ") is null\");\n";
   }
   fusion_args += ", {}}";
+  checks += "  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, \"reduction knob must be 0 "
+            "(deterministic) or 1 (nondeterministic)\");\n";
   if (c.tile_scheduler != "stream_k") {
     checks += "  if (p->splits > 1) return fail(FACT_INVALID_ARGS, \"split-K needs a stream_k kernel\");\n";
+    checks += "  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, \"a nondeterministic reduction needs a stream_k "
+              "kernel\");\n";
   }
   const bool coop = c.kernel_schedule == "cooperative";
   json info = {{"family", spec.family},
@@ -461,8 +465,12 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
       {"c_pointer", c_pointer},
       {"c_ld", c_ld},
       {"c_batch_stride", c_batch},
-      {"scheduler_splits", c.tile_scheduler == "stream_k" ? "a.scheduler.splits = p->splits > 0 ? p->splits : 1;"
-                                                          : "// persistent scheduler: no split-K"},
+      {"scheduler_splits", c.tile_scheduler == "stream_k"
+                               ? "a.scheduler.splits = p->splits > 0 ? p->splits : 1;\n"
+                                 "  using Reduction = decltype(a.scheduler.reduction_mode);\n"
+                                 "  a.scheduler.reduction_mode = p->reduction == 1 ? Reduction::Nondeterministic\n"
+                                 "                                                 : Reduction::Deterministic;"
+                               : "// persistent scheduler: no split-K, no reduction"},
       {"operand_checks", checks},
       {"kernel_info", info.dump()},
   };

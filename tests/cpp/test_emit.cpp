@@ -114,7 +114,13 @@ TEST(Emit, Tf32StreamKSplitsAreARuntimeKnob) {
   const auto k = emit_gemm_sm90(spec, c);
   EXPECT_NE(k.source.find("cutlass::gemm::StreamKScheduler"), std::string::npos);
   EXPECT_NE(k.source.find("a.scheduler.splits = p->splits"), std::string::npos);
+  EXPECT_NE(k.source.find("p->reduction == 1 ? Reduction::Nondeterministic"), std::string::npos);
+  EXPECT_EQ(k.source.find("needs a stream_k kernel"), std::string::npos);
   EXPECT_EQ(k.source.find("fast_tanh"), std::string::npos);  // f32 output keeps accurate libm
+  // a persistent kernel refuses both stream-K knobs
+  const auto p = emit_gemm_sm90(spec, config(128, 128, 32, 1, 1, "cooperative"));
+  EXPECT_NE(p.source.find("\"a nondeterministic reduction needs a stream_k kernel\""), std::string::npos);
+  EXPECT_NE(p.source.find("\"split-K needs a stream_k kernel\""), std::string::npos);
   expect_golden(k, "gemm_f32_rc_tf32_streamk.cu");
 }
 

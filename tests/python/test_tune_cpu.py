@@ -31,6 +31,7 @@ from fact.tune.harness import (
     epilogue_shape,
     format_table,
     knob_combinations,
+    knob_name,
     load_manifest,
     registry_export,
     rel_err,
@@ -436,7 +437,7 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         ptr = ctypes.sizeof(ctypes.c_void_p)
         assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
         assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
-        assert c["version"] == abi.FACT_ABI_VERSION == 1
+        assert c["version"] == abi.FACT_ABI_VERSION == 2
     if struct is abi.FactPointwiseArgs:
         assert c["max_rank"] == abi.FACT_POINTWISE_MAX_RANK == 8
         assert c["max_inputs"] == abi.FACT_POINTWISE_MAX_INPUTS == 16
@@ -462,7 +463,7 @@ int main(void) {
 def test_kernel_library_end_to_end(fake_kernels):
     info = {"family": "gemm", "config": {"name": "t128x128x64"}}
     lib = KernelLibrary(fake_kernels("recorder", mode="record", info=info))
-    assert lib.abi_version == 1
+    assert lib.abi_version == abi.FACT_ABI_VERSION == 2
     assert lib.name == "recorder"
     assert lib.info == info
     args = FactGemmArgs()
@@ -472,7 +473,7 @@ def test_kernel_library_end_to_end(fake_kernels):
     args.batch_stride_a, args.batch_stride_b, args.batch_stride_d = 1 << 14, 1 << 15, 1 << 17
     args.operands[0], args.operands[7] = 0x4000, 0x5000
     args.operand_ld[7], args.operand_batch_stride[7] = 512, 1 << 17
-    args.raster, args.max_swizzle, args.splits, args.sm_count = 2, 4, 1, 132
+    args.raster, args.max_swizzle, args.splits, args.sm_count, args.reduction = 2, 4, 1, 132, 1
     assert lib.can_implement(args) == Status.OK
     assert lib.workspace_size(args) == 1024 + 256
     assert lib.run(args, 0xABC0, 4096, 0xDEF0) == Status.OK
@@ -507,8 +508,8 @@ def test_kernel_library_end_to_end(fake_kernels):
 
 
 def test_kernel_library_refuses_other_abi_version(fake_kernels):
-    path = fake_kernels("version2", FAKE_VERSION=2)
-    with pytest.raises(abi.AbiError, match=r"version2\.so: kernel ABI version 2.*speaks version 1"):
+    path = fake_kernels("version1", FAKE_VERSION=1)
+    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 2"):
         KernelLibrary(path)
 
 
@@ -1071,7 +1072,27 @@ def test_knobs_reach_the_args():
     inputs = make_inputs(MINIGPT_GELU, SMALL, "cpu")
     args = gemm_args(inputs, {"raster": "along_n", "max_swizzle": 8, "splits": 2}, sm_count=132)
     assert (args.raster, args.max_swizzle, args.splits, args.sm_count) == (2, 8, 2, 132)
+    assert args.reduction == 0  # deterministic unless asked
     assert gemm_args(inputs, {"raster": 1}).raster == 1
+    assert gemm_args(inputs, {"reduction": "nondeterministic"}).reduction == 1
+    assert gemm_args(inputs, {"reduction": 1}).reduction == 1
+    with pytest.raises(FactError, match="reduction knob 'atomic' is not one of"):
+        gemm_args(inputs, {"reduction": "atomic"})
+
+
+def test_deterministic_mode_overrides_a_tuned_nondeterministic_reduction():
+    from fact.compose.ops import launch_knobs
+
+    tuned = {"raster": "along_m", "max_swizzle": 1, "splits": 1, "reduction": "nondeterministic"}
+    assert launch_knobs(tuned) is tuned
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert launch_knobs(tuned) == {**tuned, "reduction": "deterministic"}
+        assert launch_knobs(DEFAULT_KNOBS) is DEFAULT_KNOBS
+        assert harness._deterministic() is True
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1185,7 +1206,23 @@ def test_time_kernel_and_pytorch_on_cpu(fake_kernels):
 def test_knob_combinations_and_info_checks():
     combos = knob_combinations({"search_space": {"raster": ["along_m"], "swizzle": [1, 2]}})
     assert combos[0] == DEFAULT_KNOBS and len(combos) == 3
-    assert len(knob_combinations(None, {"tile_scheduler": "stream_k"})) == 11
+    stream_k = knob_combinations(None, {"tile_scheduler": "stream_k"})
+    assert len(stream_k) == 14  # + split-K 2, 4 + nondeterministic with 3 raster orders
+    assert [k["raster"] for k in stream_k if k.get("reduction") == "nondeterministic"] == [
+        "heuristic",
+        "along_m",
+        "along_n",
+    ]
+    assert [knob_name(k) for k in stream_k[-3:]] == [
+        "r_heur_s1_k1_nd",
+        "r_m_s1_k1_nd",
+        "r_n_s1_k1_nd",
+    ]
+    # PyTorch's deterministic mode keeps the atomic reduction out of the sweep
+    deterministic = knob_combinations(None, {"tile_scheduler": "stream_k"}, deterministic=True)
+    assert deterministic == stream_k[:11]
+    persistent = knob_combinations(None, {"tile_scheduler": "persistent"})
+    assert not any("reduction" in k for k in persistent)
     assert knob_combinations(mode="default") == [DEFAULT_KNOBS]
     info = kernel_info(MINIGPT_GELU)
     assert check_kernel_info(info, MINIGPT_GELU) == []

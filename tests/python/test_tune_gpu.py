@@ -240,6 +240,30 @@ def test_manifest_kernel(entry, pattern):
         return
     assert lib.info.get("family") == gemm_spec(pattern).family
     assert time_kernel(lib, pattern, problem, row["knobs"]) > 0
+    if (lib.info.get("config") or {}).get("tile_scheduler") == "stream_k":
+        _check_reductions(lib, pattern, problem, precision)
+
+
+def _check_reductions(lib, pattern, problem, precision):
+    """A stream-K kernel's deterministic reduction gives the same bits on every run; the
+    nondeterministic one (atomic adds) is as accurate."""
+    from fact.tune.harness import _launch, resolve_pattern_problem
+
+    spec = gemm_spec(pattern)
+    inputs = make_inputs(spec, resolve_pattern_problem(pattern, problem), "cuda")
+    ref = reference(spec, inputs.A, inputs.B, inputs.operands)
+    outs = {}
+    for reduction in ("deterministic", "nondeterministic"):
+        for run in range(3):
+            inputs.D.fill_(float("nan"))
+            knobs = {"raster": "heuristic", "max_swizzle": 1, "splits": 1, "reduction": reduction}
+            status, message = _launch(lib, inputs, gemm_args(inputs, knobs), inputs.A.device)
+            assert status == 0, message
+            err, why = rel_err(inputs.D, ref)
+            assert err <= tolerance(pattern, precision), f"{reduction}: {why}"
+            outs[reduction, run] = inputs.D.clone()
+    first = outs["deterministic", 0]
+    assert all(torch.equal(first, outs["deterministic", r]) for r in (1, 2))
 
 
 # ---------------------------------------------------------------------------------------------

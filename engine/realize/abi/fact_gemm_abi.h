@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 1: what every generated GEMM-family kernel library exports.
+/* FACT kernel C ABI, version 2: what every generated GEMM-family kernel library exports.
  *
  * A generated .so is loaded with dlopen and driven through these symbols; no libtorch, no C++
  * types cross the boundary. Sizes and leading dimensions are in elements. Status codes:
@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 1
+#define FACT_ABI_VERSION 2
 #define FACT_MAX_EPILOGUE_OPERANDS 8
 
 enum FactStatus {
@@ -42,8 +42,11 @@ typedef struct FactGemmArgs {
   int64_t operand_ld[FACT_MAX_EPILOGUE_OPERANDS];
   int64_t operand_batch_stride[FACT_MAX_EPILOGUE_OPERANDS];
   /* Run-time knobs: raster 0 heuristic, 1 along M, 2 along N; swizzle 1/2/4/8; split-K factor
-   * (stream-K kernels only; 1 = none). sm_count 0 = query the device. */
-  int raster, max_swizzle, splits, sm_count;
+   * (stream-K kernels only; 1 = none). sm_count 0 = query the device. reduction (stream-K kernels
+   * only): how the CTAs sharing an output tile sum their partial accumulators; 0 deterministic
+   * (one after another, in K order: the same bits every run), 1 nondeterministic (atomic adds in
+   * whatever order they arrive: faster with many peers, the last bits may differ between runs). */
+  int raster, max_swizzle, splits, sm_count, reduction;
 } FactGemmArgs;
 
 int fact_abi_version(void);

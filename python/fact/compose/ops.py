@@ -158,6 +158,16 @@ def _check_dtypes(label: str, pairs) -> None:
             )
 
 
+def launch_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The tuned knobs, with a deterministic reduction while PyTorch's deterministic algorithms
+    are on (the kernel may have been tuned while nondeterminism was allowed)."""
+    if knobs.get("reduction") not in (None, "deterministic", 0) and (
+        torch.are_deterministic_algorithms_enabled()
+    ):
+        return {**knobs, "reduction": "deterministic"}
+    return knobs
+
+
 def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
     lib = entry.library
     assert lib is not None
@@ -171,7 +181,7 @@ def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
         ],
     )
     inputs = GemmInputs(entry.spec, _problem(a, b), a, b, list(operands), out, 0, a.device)
-    args = gemm_args(inputs, entry.knobs, _sm_count(a.device))
+    args = gemm_args(inputs, launch_knobs(entry.knobs), _sm_count(a.device))
     status = lib.can_implement(args)
     if status != Status.OK:
         raise FactError(

@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 1 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 2 (engine/realize/abi/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from fact.errors import FactError
 
-FACT_ABI_VERSION = 1
+FACT_ABI_VERSION = 2
 FACT_MAX_EPILOGUE_OPERANDS = 8
 FACT_POINTWISE_MAX_RANK = 8
 FACT_POINTWISE_MAX_INPUTS = 16
@@ -51,6 +51,8 @@ _N = FACT_MAX_EPILOGUE_OPERANDS
 
 #: Run-time raster knob: LaunchKnobs' names (engine/realize/config.h) to the ABI's ints.
 RASTER = {"heuristic": 0, "along_m": 1, "along_n": 2}
+#: Run-time reduction knob of stream-K kernels: how partial sums of a split tile are added.
+REDUCTION = {"deterministic": 0, "nondeterministic": 1}
 
 
 class FactGemmArgs(ctypes.Structure):
@@ -80,6 +82,7 @@ class FactGemmArgs(ctypes.Structure):
         ("max_swizzle", ctypes.c_int),
         ("splits", ctypes.c_int),
         ("sm_count", ctypes.c_int),
+        ("reduction", ctypes.c_int),
     ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -243,8 +246,9 @@ def _text(raw: bytes | None) -> str:
 class KernelLibrary:
     """One generated kernel .so, loaded with dlopen and driven through the C ABI.
 
-    Construction checks that every ABI symbol is exported and that fact_abi_version() == 1, so a
-    stale or foreign library fails here, naming the file, rather than misreading the struct later.
+    Construction checks that every ABI symbol is exported and that fact_abi_version() is
+    FACT_ABI_VERSION, so a stale or foreign library fails here, naming the file, rather than
+    misreading the struct later.
     `family` ("gemm", "norm", "attention" or "pointwise") is told by the entry points the library
     exports (an attention or pointwise library whose fact_kernel_info() names another family is
     refused).

@@ -536,10 +536,13 @@ def knob_combinations(
     pattern: Mapping[str, Any] | None = None,
     config: Mapping[str, Any] | None = None,
     mode: str = "sweep",
+    deterministic: bool = False,
 ) -> list[dict[str, Any]]:
     """Launch knobs to time a kernel with (LaunchKnobs JSON). "default": the heuristic only.
     "sweep": that, plus raster x swizzle from the pattern's search_space (along_m/along_n x
-    1/2/4/8 when it has none), plus split-K 2 and 4 for stream-K kernels."""
+    1/2/4/8 when it has none), plus split-K 2 and 4 for stream-K kernels, and for those (unless
+    `deterministic`, PyTorch's torch.use_deterministic_algorithms) the nondeterministic
+    reduction with each raster order and no swizzle."""
     if mode == "default":
         return [dict(DEFAULT_KNOBS)]
     if mode != "sweep":
@@ -551,6 +554,9 @@ def knob_combinations(
     combos += [{"raster": r, "max_swizzle": s, "splits": 1} for r in rasters for s in swizzles]
     if config and config.get("tile_scheduler") == "stream_k":
         combos += [{"raster": "heuristic", "max_swizzle": 1, "splits": s} for s in (2, 4)]
+        if not deterministic:
+            nd = {"max_swizzle": 1, "splits": 1, "reduction": "nondeterministic"}
+            combos += [{"raster": r, **nd} for r in ["heuristic", *rasters]]
     unique: list[dict[str, Any]] = []
     for c in combos:
         if c not in unique:
@@ -559,10 +565,12 @@ def knob_combinations(
 
 
 def knob_name(knobs: Mapping[str, Any]) -> str:
-    """LaunchKnobs::name(): 'r_heur_s1_k1'."""
+    """LaunchKnobs::name(): 'r_heur_s1_k1', 'r_heur_s1_k1_nd' with a nondeterministic reduction."""
     raster = knobs.get("raster", "heuristic")
     short = {"heuristic": "heur", "along_m": "m", "along_n": "n", 0: "heur", 1: "m", 2: "n"}
-    return f"r_{short.get(raster, raster)}_s{knobs.get('max_swizzle', 1)}_k{knobs.get('splits', 1)}"
+    nd = "_nd" if knobs.get("reduction") in ("nondeterministic", 1) else ""
+    swizzle, splits = knobs.get("max_swizzle", 1), knobs.get("splits", 1)
+    return f"r_{short.get(raster, raster)}_s{swizzle}_k{splits}{nd}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,6 +653,7 @@ def evaluate_kernel(
     problem: Mapping[str, Any] | None = None,
     shapes: Sequence[Mapping[str, Any]] | None = None,
     knobs_list: Sequence[Mapping[str, Any]] | None = None,
+    deterministic: bool = False,
     reps: int = MIN_REPS,
     warmup: int = DEFAULT_WARMUP,
     flush: bool = True,
@@ -693,7 +702,11 @@ def evaluate_kernel(
             message=v["message"],
             verify=v,
         )
-    combos = list(knobs_list) if knobs_list else knob_combinations(pattern, row["config"])
+    combos = (
+        list(knobs_list)
+        if knobs_list
+        else knob_combinations(pattern, row["config"], deterministic=deterministic)
+    )
     inputs = make_inputs(spec, prob, dev)
     ref = reference(spec, inputs.A, inputs.B, inputs.operands)
     knob_times = []
@@ -887,6 +900,7 @@ def _worker(job_path: str, progress_path: str) -> int:
                     cand,
                     pattern,
                     knobs_list=job.get("knobs_list"),
+                    deterministic=bool(job.get("deterministic")),
                     on_load=lambda kernel, config, i=cand["id"]: emit(
                         {"event": "loaded", "id": i, "kernel": kernel, "config": config}
                     ),
@@ -999,6 +1013,15 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+def _deterministic() -> bool:
+    """Whether this process asked PyTorch for deterministic algorithms (False without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.are_deterministic_algorithms_enabled())
+
+
 def tune(
     pattern: Mapping[str, Any],
     libraries: Sequence[Any],
@@ -1016,12 +1039,15 @@ def tune(
     python: str | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     details: dict[str, Any] | None = None,
+    deterministic: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Verify and time every library for one pattern, plus the PyTorch candidate, each in a
     child process; returns one row per candidate, PyTorch first, then libraries in order.
 
     libraries: .so paths, KernelLibrary objects or manifest entries {kernel, library, config}.
-    knobs_list: launch knobs to time each kernel with (default: knob_combinations per kernel).
+    knobs_list: launch knobs to time each kernel with (default: knob_combinations per kernel;
+    without nondeterministic reductions when `deterministic`, which defaults to this process's
+    torch.are_deterministic_algorithms_enabled(): the workers are other processes).
     A kernel is timed only if it passes verification; its row has the best knobs' median time.
     Dispositions: passed | incorrect | not_supported | fault. progress(row) is called as each
     row arrives; details (a dict) receives the worker's environment and how many workers ran.
@@ -1042,6 +1068,7 @@ def tune(
         "problem": prob,
         "shapes": [dict(s) for s in shapes] if shapes else None,
         "knobs_list": [dict(k) for k in knobs_list] if knobs_list else None,
+        "deterministic": _deterministic() if deterministic is None else bool(deterministic),
         "reps": reps,
         "warmup": warmup,
         "flush": flush,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from fact.errors import FactError
-from fact.tune.abi import FACT_MAX_EPILOGUE_OPERANDS, RASTER, FactGemmArgs
+from fact.tune.abi import FACT_MAX_EPILOGUE_OPERANDS, RASTER, REDUCTION, FactGemmArgs
 from fact.tune.reference import (
     GemmSpec,
     NotSupportedError,
@@ -197,10 +197,11 @@ def make_inputs(
 
 def _knob(knobs: Mapping[str, Any], key: str, default: int) -> int:
     value = knobs.get(key, default)
-    if key == "raster" and isinstance(value, str):
-        if value not in RASTER:
-            raise FactError(f"raster knob {value!r} is not one of {sorted(RASTER)}")
-        return RASTER[value]
+    names = {"raster": RASTER, "reduction": REDUCTION}.get(key)
+    if names is not None and isinstance(value, str):
+        if value not in names:
+            raise FactError(f"{key} knob {value!r} is not one of {sorted(names)}")
+        return names[value]
     return int(value)
 
 
@@ -228,7 +229,8 @@ def gemm_args(
     """FactGemmArgs pointing at `inputs` (keep `inputs` alive while the kernel may run).
 
     knobs: LaunchKnobs JSON ({"raster": "heuristic" | "along_m" | "along_n", "max_swizzle":
-    1/2/4/8, "splits": n}); raster may also be the ABI's 0/1/2.
+    1/2/4/8, "splits": n, "reduction": "deterministic" | "nondeterministic"}); raster and
+    reduction may also be the ABI's ints. A missing knob takes its default.
     """
     knobs = knobs or {}
     p = inputs.problem
@@ -256,6 +258,7 @@ def gemm_args(
     args.raster = _knob(knobs, "raster", 0)
     args.max_swizzle = _knob(knobs, "max_swizzle", 1)
     args.splits = _knob(knobs, "splits", 1)
+    args.reduction = _knob(knobs, "reduction", 0)
     args.sm_count = int(sm_count)
     return args
 

@@ -158,7 +158,7 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
   a.scheduler.raster_order = p->raster == 1 ? Raster::AlongM : p->raster == 2 ? Raster::AlongN : Raster::Heuristic;
   a.scheduler.max_swizzle_size = p->max_swizzle > 0 ? p->max_swizzle : 1;
-  // persistent scheduler: no split-K
+  // persistent scheduler: no split-K, no reduction
   args = a;
   return true;
 }
@@ -177,7 +177,9 @@ __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGem
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
   if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (row) is null");
   if (!p->operands[1]) return fail(FACT_INVALID_ARGS, "epilogue operand 1 (full) is null");
+  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, "reduction knob must be 0 (deterministic) or 1 (nondeterministic)");
   if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
+  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel");
 
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
     return fail(FACT_NOT_SUPPORTED, "CUTLASS cannot implement this problem (alignment or size)");

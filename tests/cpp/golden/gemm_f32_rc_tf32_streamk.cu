@@ -153,6 +153,9 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   a.scheduler.raster_order = p->raster == 1 ? Raster::AlongM : p->raster == 2 ? Raster::AlongN : Raster::Heuristic;
   a.scheduler.max_swizzle_size = p->max_swizzle > 0 ? p->max_swizzle : 1;
   a.scheduler.splits = p->splits > 0 ? p->splits : 1;
+  using Reduction = decltype(a.scheduler.reduction_mode);
+  a.scheduler.reduction_mode = p->reduction == 1 ? Reduction::Nondeterministic
+                                                 : Reduction::Deterministic;
   args = a;
   return true;
 }
@@ -169,6 +172,7 @@ __attribute__((visibility("default"))) const char* fact_last_error(void) { retur
 __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
+  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, "reduction knob must be 0 (deterministic) or 1 (nondeterministic)");
 
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
     return fail(FACT_NOT_SUPPORTED, "CUTLASS cannot implement this problem (alignment or size)");
