@@ -1,10 +1,13 @@
 #include "realize/compile.h"
 
 #include <openssl/evp.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -154,6 +157,31 @@ std::vector<std::string> nvcc_flags(const CompileOptions& opt) {
           "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-shared", "-lineinfo"};
 }
 
+int sweep_abandoned_builds(const std::string& cache_dir, std::chrono::seconds min_age) {
+  static const std::regex name(R"(\.tmp-[0-9a-f]{64}-([0-9]+))");
+  int removed = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (fs::directory_iterator it(cache_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::smatch m;
+    const std::string base = it->path().filename().string();
+    if (!std::regex_match(base, m, name)) continue;
+    const long pid = std::stol(m[1].str());
+    if (pid <= 0 || pid > 0x7fffffff) continue;
+    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
+    std::error_code tec;
+    fs::file_time_type newest = fs::last_write_time(it->path(), tec);
+    for (const auto& f : fs::directory_iterator(it->path(), tec)) {
+      std::error_code fec;
+      newest = std::max(newest, fs::last_write_time(f.path(), fec));
+    }
+    if (tec || now - newest < min_age) continue;
+    fs::remove_all(it->path(), tec);
+    if (!tec) ++removed;
+  }
+  return removed;
+}
+
 std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, const CompileOptions& opt_in) {
   CompileOptions opt = opt_in;
   opt.cutlass_dir = find_cutlass(opt.cutlass_dir);
@@ -164,6 +192,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
     throw UserError("kernel cache " + opt.cache_dir + ": cannot create it (" + ec.message() +
                     "); point FACT_CACHE_DIR or --cache-dir at a writable folder");
   }
+  sweep_abandoned_builds(opt.cache_dir, std::chrono::hours(1));
   const auto flags = nvcc_flags(opt);
   // Everything that changes the binary is in the key, problem sizes never: nvcc, the host
   // compiler, nvcc's environment flags, which CUTLASS tree (path and version), arch and flags.

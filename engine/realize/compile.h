@@ -4,6 +4,7 @@
 // implement. A failed compile keeps its log and is reported per kernel; the run goes on.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -44,7 +45,13 @@ std::string default_cache_dir();
 std::vector<std::string> nvcc_flags(const CompileOptions& opt);
 std::string sha256_hex(const std::string& data);
 
+// Removes the private build folders (".tmp-KEY-PID") that compiles killed mid-way left in the
+// cache: those whose process is gone from this machine and that nothing wrote to for `min_age`
+// (a cache shared between machines may hold another host's live build). Returns how many.
+int sweep_abandoned_builds(const std::string& cache_dir, std::chrono::seconds min_age);
+
 // Compile every job (cached ones are reused); results in job order. Progress goes to stderr.
+// Sweeps abandoned builds older than an hour first.
 std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, const CompileOptions& opt);
 
 }  // namespace fact::realize

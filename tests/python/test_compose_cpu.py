@@ -11,6 +11,7 @@ Every optimize here uses the MiniGPT block at [2, 64, 768] or a smaller module.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -1725,3 +1726,13 @@ def test_tuned_attention_rows_feed_choose_like_gemm_rows():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert _no_impl_reason({"family": "attention"}, cpu).startswith("no GPU")
     assert _no_impl_reason({"family": "attention"}, gpu) == "no usable generated attention kernel"
+
+
+def test_device_guard_switches_only_to_another_gpu(monkeypatch):
+    from fact.compose.ops import device_guard
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for same in (torch.device("cpu"), torch.device("cuda"), torch.device("cuda:0")):
+        assert isinstance(device_guard(same), contextlib.nullcontext), same
+    guard = device_guard(torch.device("cuda:1"))
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1

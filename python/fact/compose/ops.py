@@ -17,6 +17,7 @@ composer's tests use them where there is no GPU.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Sequence
@@ -136,6 +137,17 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Makes `device` the current CUDA device while a kernel runs, when it is not already: the
+    kernels launch on the current device (and GEMMs size their grids for it), while the tensors
+    may live on another GPU."""
+    if device.type != "cuda" or device.index is None:
+        return contextlib.nullcontext()
+    if device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
 def _launch(run, args, nbytes: int, device: torch.device) -> int:
     """run(args, workspace, nbytes, stream), a kernel's ABI entry point, on PyTorch's current
     stream with the workspace it asked for taken from the caching allocator; its status."""
@@ -205,7 +217,8 @@ def _gemm(
         return pytorch_candidate(entry.spec, a, b, list(operands))
     lead = (a.shape[0],) if a.dim() == 3 else ()
     out = torch.empty((*lead, a.shape[-2], b.shape[-1]), dtype=entry.out_dtype, device=a.device)
-    _run_cutlass(entry, a, b, operands, out)
+    with device_guard(a.device):
+        _run_cutlass(entry, a, b, operands, out)
     return out
 
 
@@ -262,7 +275,8 @@ def _norm(
     status = lib.norm_can_implement(args)
     if status != Status.OK:
         raise FactError(f"fact::norm {entry.label}: {lib.last_error()}")
-    lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
+    with device_guard(x.device):
+        lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
     return out
 
 
@@ -364,7 +378,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) -
     if entry.backend == "reference":
         out.copy_(_attention_reference(entry, q, k, v))
     else:
-        _run_attention(entry, q, k, v, out)
+        with device_guard(q.device):
+            _run_attention(entry, q, k, v, out)
     return out
 
 
@@ -554,7 +569,8 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     for j, t in enumerate(inputs):
         args.inputs[j] = t.data_ptr()
     stream = torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else None
-    status = lib.pointwise_run(args, stream)  # it checks can_implement first
+    with device_guard(out.device):
+        status = lib.pointwise_run(args, stream)  # it checks can_implement first
     if status == Status.OK:
         return
     message = lib.last_error()

@@ -146,7 +146,9 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
        static_cast<const ElementC*>(c_ptr), make_stride_from<StrideC>(0, 0),
        static_cast<ElementD*>(p->d), make_stride_from<StrideD>(p->ldd, p->batch_stride_d)}};
   a.epilogue.thread = {{}, {}};
-  a.hw_info.device_id = 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = 0;  // the device the kernel launches on
+  a.hw_info.device_id = device;
   a.hw_info.sm_count = p->sm_count;
   a.hw_info.max_active_clusters = max_active_clusters();
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
