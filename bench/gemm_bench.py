@@ -5,8 +5,11 @@ one run. For attention the tuner's PyTorch candidate is scaled_dot_product_atten
 Takes the run directories that bench/realize_gemm.sh made on the CPU machine (plan, manifest,
 compiled kernels). For each: the tuning harness verifies every kernel on fresh random inputs
 (fault-isolated) and times the survivors over their launch knobs; then the problem's own module
-is timed eagerly and under torch.compile in this process. Times: CUDA events, median of the
-repetitions, L2 flushed before each. Prints a table last; writes JSON and markdown to --out.
+is timed eagerly and under torch.compile in this process. For a plain GEMM problem the best
+kernel is also timed on the module's own inputs, in rounds with eager and torch.compile
+(same_inputs: the tuner's random data draws a different power than get_inputs()'s). Times:
+CUDA events, median of the repetitions, L2 flushed before each. Prints the tables last; writes
+JSON and markdown to --out.
 
     python3 bench/gemm_bench.py .device/bench --out $OUT
 """
@@ -14,6 +17,7 @@ repetitions, L2 flushed before each. Prints a table last; writes JSON and markdo
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -34,6 +38,83 @@ def time_module(fn, inputs, reps: int) -> float:
     return statistics.median(
         harness.time_fn(lambda: fn(*inputs), reps=reps, warmup=5, flush=True, device=device)
     )
+
+
+def module_operands(pattern: dict, model, inputs: list) -> tuple | None:
+    """A plain GEMM pattern's A and B as views of the module's own inputs, or None.
+
+    The tuner times kernels on its own random data (normal, B scaled by 1/sqrt(k)); the
+    problems' modules get theirs from get_inputs() (torch.rand). Tensor cores draw a different
+    power on different bits, and under the H200's power cap that moves the clock: the same
+    cuBLAS kernel measured 4 % apart on the two (GEMM run 8). So each side is timed on the
+    module's data too. An operand is the forward argument of its node's name, else the other
+    argument that has its shape, or its transpose for a column-major operand (q @ w.t());
+    the caller checks the kernel's result against the module's before trusting the mapping.
+    """
+    from fact.tune.reference import gemm_spec
+
+    spec = gemm_spec(pattern)
+    if spec.operands:
+        return None
+    names = list(inspect.signature(model.forward).parameters)[: len(inputs)]
+    args = dict(zip(names, inputs, strict=True))
+    prob = pattern["problem"]
+    lead = (prob["batch"],) if prob["batch"] > 1 else ()
+    logical = {"a": (prob["m"], prob["k"]), "b": (prob["k"], prob["n"])}
+    layouts = {"a": spec.layout_a, "b": spec.layout_b}
+    taken: set[str] = set()
+    found = {}
+    for o in sorted(pattern["operands"], key=lambda o: o["node"] not in args):
+        role = o["role"]
+        rows, cols = logical[role]
+        stored = (*lead, rows, cols) if layouts[role] == "row" else (*lead, cols, rows)
+        pick = [o["node"]] if o["node"] in args else [n for n in names if n not in taken]
+        name = next((n for n in pick if tuple(args[n].shape) == stored), None)
+        if name is None:
+            return None
+        taken.add(name)
+        t = args[name]
+        found[role] = t if layouts[role] == "row" else t.transpose(-1, -2)
+    return found["a"], found["b"]
+
+
+def same_inputs(
+    pattern: dict, row: dict, model, compiled, inputs: list, reps: int, precision: str
+) -> dict | None:
+    """eager, torch.compile and the best FACT kernel on the module's own inputs, in three
+    rounds whose order rotates (fact bench's round_order); medians of the round medians."""
+    from fact.compose.bench import round_order
+    from fact.tune.abi import KernelLibrary
+    from fact.tune.inputs import GemmInputs
+    from fact.tune.reference import gemm_spec
+
+    operands = module_operands(pattern, model, inputs)
+    if operands is None:
+        return None
+    a, b = operands
+    spec = gemm_spec(pattern)
+    out = torch.empty(model(*inputs).shape, dtype=a.dtype, device=a.device)
+    gemm = GemmInputs(spec, dict(pattern["problem"]), a, b, [], out, 0, a.device)
+    lib = KernelLibrary(row["library"])
+
+    def fact_time(reps: int) -> float:
+        return harness.time_kernel(lib, pattern, knobs=row["knobs"], reps=reps, inputs=gemm)
+
+    fact_time(harness.MIN_REPS)  # warm-up, and the output to check
+    err, why = harness.rel_err(gemm.D, model(*inputs).double())
+    if not err <= harness.tolerance(pattern, precision):
+        return {"error": f"the kernel's output on the module's inputs is off: {err:.3g} {why}"}
+    timers = {
+        "eager": lambda: time_module(model, inputs, reps),
+        "compile": lambda: time_module(compiled, inputs, reps),
+        "fact": lambda: fact_time(reps),
+    }
+    rounds: dict[str, list[float]] = {k: [] for k in timers}
+    for r in range(3):
+        for name in round_order(list(timers), r):
+            rounds[name].append(timers[name]())
+    result = {f"{k}_us": statistics.median(v) for k, v in rounds.items()}
+    return {**result, "rounds": rounds, "rel_err": err}
 
 
 def sdpa_alone(pattern: dict, reps: int) -> dict:
@@ -117,6 +198,15 @@ def bench_run(run: Path, reps: int) -> dict:
         compiled(*inputs)
         compile_s = time.perf_counter() - start
         compiled_us = time_module(compiled, inputs, reps)
+        same = None
+        if covered and len(patterns) == 1 and plan["patterns"][0]["family"] == "gemm":
+            best_row = min(
+                (r for r in rows if r["disposition"] == "passed" and r["kernel"] != "pytorch"),
+                key=lambda r: r["time_us"],
+            )
+            same = same_inputs(
+                plan["patterns"][0], best_row, model, compiled, inputs, reps, precision
+            )
     return {
         "run": run.name,
         "source": plan["source"],
@@ -133,6 +223,7 @@ def bench_run(run: Path, reps: int) -> dict:
             (p["rel_err"] for p in patterns if p["rel_err"] is not None), default=None
         ),
         "patterns": patterns,
+        "same_inputs": same,
         "rows": rows,
     }
 
@@ -158,6 +249,27 @@ def table(results: list[dict]) -> str:
             f"{r['fact_rel_err']:.1e}" if r["fact_rel_err"] is not None else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    same = [r for r in results if r.get("same_inputs")]
+    if same:
+        lines += [
+            "",
+            "On the module's own inputs (get_inputs()), eager, torch.compile and the FACT kernel "
+            "above in three rounds of rotating order, median of the round medians:",
+            "",
+            "| workload | dtype | eager (ms) | torch.compile (ms) | FACT (ms) | vs eager | "
+            "vs compile | rel err vs eager |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in same:
+            x = r["same_inputs"]
+            if "error" in x:
+                lines.append(f"| {Path(r['source']).stem} | {r['dtype']} | {x['error']} |")
+                continue
+            e, c, f = x["eager_us"], x["compile_us"], x["fact_us"]
+            lines.append(
+                f"| {Path(r['source']).stem} | {r['dtype']} | {e / 1e3:.3f} | {c / 1e3:.3f} | "
+                f"{f / 1e3:.3f} | {e / f:.2f}x | {c / f:.2f}x | {x['rel_err']:.1e} |"
+            )
     lines += [
         "",
         "Per pattern, against the unfused PyTorch path of the same pattern (same process; for "
