@@ -199,14 +199,13 @@ def bench_run(run: Path, reps: int) -> dict:
         compile_s = time.perf_counter() - start
         compiled_us = time_module(compiled, inputs, reps)
         same = None
-        if covered and len(patterns) == 1 and plan["patterns"][0]["family"] == "gemm":
+        pattern = plan["patterns"][patterns[0]["index"]] if len(patterns) == 1 else None
+        if covered and pattern is not None and pattern["family"] == "gemm":
             best_row = min(
                 (r for r in rows if r["disposition"] == "passed" and r["kernel"] != "pytorch"),
                 key=lambda r: r["time_us"],
             )
-            same = same_inputs(
-                plan["patterns"][0], best_row, model, compiled, inputs, reps, precision
-            )
+            same = same_inputs(pattern, best_row, model, compiled, inputs, reps, precision)
     return {
         "run": run.name,
         "source": plan["source"],

@@ -158,22 +158,24 @@ std::vector<std::string> nvcc_flags(const CompileOptions& opt) {
 }
 
 int sweep_abandoned_builds(const std::string& cache_dir, std::chrono::seconds min_age) {
-  static const std::regex name(R"(\.tmp-[0-9a-f]{64}-([0-9]+))");
+  static const std::regex name(R"(\.tmp-[0-9a-f]{64}-([0-9]{1,9}))");
   int removed = 0;
   std::error_code ec;
   const auto now = fs::file_time_type::clock::now();
+  // Housekeeping never fails a compile: every filesystem call takes an error code (another
+  // process may be sweeping or publishing the same folders).
   for (fs::directory_iterator it(cache_dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::smatch m;
     const std::string base = it->path().filename().string();
     if (!std::regex_match(base, m, name)) continue;
-    const long pid = std::stol(m[1].str());
-    if (pid <= 0 || pid > 0x7fffffff) continue;
-    if (kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
+    const pid_t pid = static_cast<pid_t>(std::strtol(m[1].str().c_str(), nullptr, 10));
+    if (pid <= 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to ask)
     std::error_code tec;
     fs::file_time_type newest = fs::last_write_time(it->path(), tec);
-    for (const auto& f : fs::directory_iterator(it->path(), tec)) {
+    for (fs::directory_iterator f(it->path(), tec), fend; !tec && f != fend; f.increment(tec)) {
       std::error_code fec;
-      newest = std::max(newest, fs::last_write_time(f.path(), fec));
+      const auto t = fs::last_write_time(f->path(), fec);
+      if (!fec) newest = std::max(newest, t);
     }
     if (tec || now - newest < min_age) continue;
     fs::remove_all(it->path(), tec);

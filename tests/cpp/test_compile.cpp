@@ -48,6 +48,8 @@ TEST(CompileCache, SweepsOnlyOldBuildsOfGoneProcesses) {
   fs::create_directories(entry);
   const fs::path odd = cache / ".tmp-not-a-build-1";
   fs::create_directories(odd);
+  const fs::path huge_pid = cache / (".tmp-" + std::string(64, 'e') + "-123456789012345678901234");
+  fs::create_directories(huge_pid);
 
   EXPECT_EQ(sweep_abandoned_builds(cache.string(), std::chrono::hours(1)), 1);
   EXPECT_FALSE(fs::exists(abandoned));
@@ -55,6 +57,7 @@ TEST(CompileCache, SweepsOnlyOldBuildsOfGoneProcesses) {
   EXPECT_TRUE(fs::exists(running));
   EXPECT_TRUE(fs::exists(entry));
   EXPECT_TRUE(fs::exists(odd));
+  EXPECT_TRUE(fs::exists(huge_pid));  // no such pid: not a build folder of this scheme
   EXPECT_EQ(sweep_abandoned_builds((cache / "missing").string(), std::chrono::hours(1)), 0);
   fs::remove_all(cache);
 }

@@ -1034,6 +1034,16 @@ def test_cpu_optimize_without_implementations(engine_available, minigpt_module, 
     assert rel_err(warm(*inputs), eager(model2, *inputs)) < 1e-5
     assert rel_err(warm(*inputs), opt(*inputs)) > 1e-2  # different weights, its own
 
+    # decisions made while atomic (nondeterministic) reductions were allowed are not reused
+    # under torch.use_deterministic_algorithms(True)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        det = fact.optimize(model2, [x2], quiet=True, run_dir=tmp_path / "r3", require_faster=False)
+        assert det.report["warm"] is False
+    finally:
+        torch.use_deterministic_algorithms(was)
+
 
 def test_cpu_optimize_require_faster_keeps_a_reason(engine_available, minigpt_module, tmp_path):
     model, x = new_minigpt(minigpt_module, seed=14)

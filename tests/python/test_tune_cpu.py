@@ -1083,12 +1083,12 @@ def test_knobs_reach_the_args():
 def test_deterministic_mode_overrides_a_tuned_nondeterministic_reduction():
     from fact.compose.ops import launch_knobs
 
-    tuned = {"raster": "along_m", "max_swizzle": 1, "splits": 1, "reduction": "nondeterministic"}
+    tuned = {"raster": "along_m", "max_swizzle": 1, "splits": 66, "reduction": "nondeterministic"}
     assert launch_knobs(tuned) is tuned
     was = torch.are_deterministic_algorithms_enabled()
     try:
         torch.use_deterministic_algorithms(True)
-        assert launch_knobs(tuned) == {**tuned, "reduction": "deterministic"}
+        assert launch_knobs(tuned) == {**tuned, "splits": 1, "reduction": "deterministic"}
         assert launch_knobs(DEFAULT_KNOBS) is DEFAULT_KNOBS
         assert harness._deterministic() is True
     finally:

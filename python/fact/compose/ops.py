@@ -171,12 +171,15 @@ def _check_dtypes(label: str, pairs) -> None:
 
 
 def launch_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
-    """The tuned knobs, with a deterministic reduction while PyTorch's deterministic algorithms
-    are on (the kernel may have been tuned while nondeterminism was allowed)."""
+    """The tuned knobs, or while PyTorch's deterministic algorithms are on and they ask for the
+    atomic stream-K reduction (tuned while nondeterminism was allowed), the ordered reduction
+    with stream-K's own decomposition: a split-K factor chosen for atomic adds would serialise
+    its peers. The decision cache and CUDA graph keys include the switch, so optimize and
+    replay see what runs."""
     if knobs.get("reduction") not in (None, "deterministic", 0) and (
         torch.are_deterministic_algorithms_enabled()
     ):
-        return {**knobs, "reduction": "deterministic"}
+        return {**knobs, "splits": 1, "reduction": "deterministic"}
     return knobs
 
 

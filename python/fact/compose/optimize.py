@@ -231,6 +231,8 @@ class OptimizedModule(nn.Module):
                 for t in flat
             ),
             tuple(t.data_ptr() for t in state if isinstance(t, torch.Tensor)),
+            # the launch knobs captured depend on it (ops.launch_knobs): capture again
+            torch.are_deterministic_algorithms_enabled(),
         )
         replay = self._replay
         if replay is None or replay.key != key:
@@ -805,7 +807,12 @@ def optimize(
             precision,
             arch,
             device,
-            {"candidates": candidates, "require_faster": require_faster},
+            {
+                "candidates": candidates,
+                "require_faster": require_faster,
+                # decided with atomic stream-K reductions allowed or not (ops.launch_knobs)
+                "deterministic": torch.are_deterministic_algorithms_enabled(),
+            },
         )
         program.watch(
             n["target"]

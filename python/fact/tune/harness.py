@@ -1382,7 +1382,9 @@ def _parse_knobs(text: str | None) -> tuple[str, list[dict[str, Any]] | None]:
     except json.JSONDecodeError as exc:
         raise FactError(f"--knobs: not 'default', 'sweep' or a JSON list: {exc}") from exc
     if not isinstance(knobs, list) or not all(isinstance(k, dict) for k in knobs):
-        raise FactError("--knobs: the JSON must be a list of {raster, max_swizzle, splits}")
+        raise FactError(
+            "--knobs: the JSON must be a list of {raster, max_swizzle, splits, reduction}"
+        )
     return "list", knobs
 
 
