@@ -4,9 +4,11 @@
 // warp-specialized WGMMA, online softmax in registers), pingpong schedule, tile
 // 128 queries x 128 keys x head dim 128, 5 K/V stages.
 // Q, K, V and O are read and written through their own strides; grouped-query attention runs
-// one launch per query head of a group (each reads its K/V heads in place).
+// one launch per query head of a group (each reads its K/V heads in place), the launches side
+// by side on streams forked from the caller's, so one launch's tail overlaps the others.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -75,6 +77,37 @@ cudaError_t allow_shared_memory() {
                                            static_cast<int>(Kernel::SharedStorageSize));
   });
   return results[device];
+}
+
+// Streams that a group's launches fork onto from the caller's stream and join back from (event
+// edges: CUDA graph capture records them as dependencies). Per host thread and device, made on
+// first use and kept for the process.
+constexpr int kSideStreams = 3;  // plus the caller's: up to four launches at once
+struct SideStreams {
+  cudaStream_t stream[kSideStreams] = {};
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join[kSideStreams] = {};
+  bool ready = false;
+};
+
+cudaError_t side_streams(SideStreams** out) {
+  thread_local SideStreams per_device[64];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+  SideStreams& s = per_device[device];
+  if (!s.ready) {
+    err = cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming);
+    for (int i = 0; err == cudaSuccess && i < kSideStreams; ++i) {
+      err = cudaStreamCreateWithFlags(&s.stream[i], cudaStreamNonBlocking);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s.join[i], cudaEventDisableTiming);
+    }
+    if (err != cudaSuccess) return err;
+    s.ready = true;
+  }
+  *out = &s;
+  return cudaSuccess;
 }
 
 }  // namespace fact_attention
@@ -147,8 +180,23 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
     hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
   }
   float* lse = static_cast<float*>(workspace);
+  cudaStream_t caller = static_cast<cudaStream_t>(stream);
+  SideStreams* side = nullptr;
+  const int sides = group > 1 ? std::min(group - 1, kSideStreams) : 0;
+  if (sides > 0) {
+    err = side_streams(&side);
+    if (err == cudaSuccess) err = cudaEventRecord(side->fork, caller);
+    for (int i = 0; err == cudaSuccess && i < sides; ++i) err = cudaStreamWaitEvent(side->stream[i], side->fork, 0);
+    if (err != cudaSuccess) {
+      std::snprintf(g_error, sizeof g_error, "forking the group's streams: %s", cudaGetErrorString(err));
+      return FACT_CUDA_ERROR;
+    }
+  }
+  int status_out = FACT_OK;
   // Query head h = hk * group + g: launch g covers heads g, g + group, ... against K/V head hk.
-  for (int g = 0; g < group; ++g) {
+  for (int g = 0; g < group && status_out == FACT_OK; ++g) {
+    const int lane = g % (sides + 1);  // 0: the caller's stream
+    cudaStream_t on = lane == 0 ? caller : side->stream[lane - 1];
     const auto* q = static_cast<const Element*>(a->q) + g * a->q_stride_h;
     auto* o = static_cast<Element*>(a->o) + g * a->o_stride_h;
     StrideQKVO dq = make_stride(static_cast<int>(a->q_stride_s), _1{},
@@ -169,21 +217,31 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
     // The collective derives 1/sqrt(head_dim); the graph's scale is what the model computes.
     params.mainloop.scale_softmax = a->scale;
     params.mainloop.scale_softmax_log2 = a->scale * static_cast<float>(M_LOG2E);
-    const cutlass::Status launched = Operation::run(params, static_cast<cudaStream_t>(stream));
+    const cutlass::Status launched = Operation::run(params, on);
     if (launched != cutlass::Status::kSuccess) {
       // CUTLASS has already read (and so cleared) a non-sticky launch error; a pending one
       // means the device is in trouble, otherwise the launch was refused (limits).
       err = cudaPeekAtLastError();
       if (err != cudaSuccess) {
         std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
-        return FACT_CUDA_ERROR;
+        status_out = FACT_CUDA_ERROR;
+      } else {
+        std::snprintf(g_error, sizeof g_error, "launch refused: %s (grid, shared memory or cluster limits)",
+                      cutlass::cutlassGetStatusString(launched));
+        status_out = FACT_NOT_SUPPORTED;
       }
-      std::snprintf(g_error, sizeof g_error, "launch refused: %s (grid, shared memory or cluster limits)",
-                    cutlass::cutlassGetStatusString(launched));
-      return FACT_NOT_SUPPORTED;
     }
   }
-  return FACT_OK;
+  // Join every side stream back, also after a failed launch: a capture must end joined.
+  for (int i = 0; i < sides; ++i) {
+    err = cudaEventRecord(side->join[i], side->stream[i]);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(caller, side->join[i], 0);
+    if (err != cudaSuccess && status_out == FACT_OK) {
+      std::snprintf(g_error, sizeof g_error, "joining the group's streams: %s", cudaGetErrorString(err));
+      status_out = FACT_CUDA_ERROR;
+    }
+  }
+  return status_out;
 }
 
 }  // extern "C"
