@@ -80,34 +80,91 @@ cudaError_t allow_shared_memory() {
 }
 
 // Streams that a group's launches fork onto from the caller's stream and join back from (event
-// edges: CUDA graph capture records them as dependencies). Per host thread and device, made on
-// first use and kept for the process.
+// edges: CUDA graph capture records them as dependencies). Per host thread, device and stream
+// priority (the caller's is kept), made on first use, destroyed when the thread ends.
 constexpr int kSideStreams = 3;  // plus the caller's: up to four launches at once
+constexpr int kPriorities = 8;
 struct SideStreams {
   cudaStream_t stream[kSideStreams] = {};
   cudaEvent_t fork = nullptr;
   cudaEvent_t join[kSideStreams] = {};
   bool ready = false;
+
+  SideStreams() = default;
+  SideStreams(const SideStreams&) = delete;
+  SideStreams& operator=(const SideStreams&) = delete;
+  ~SideStreams() { release(); }
+
+  // All handles or none (a partial set is freed, and the next call tries again).
+  cudaError_t make(int priority) {
+    cudaError_t err = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+    for (int i = 0; err == cudaSuccess && i < kSideStreams; ++i) {
+      err = cudaStreamCreateWithPriority(&stream[i], cudaStreamNonBlocking, priority);
+      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming);
+    }
+    if (err != cudaSuccess) release();
+    ready = err == cudaSuccess;
+    return err;
+  }
+  void release() {  // errors ignored: at process exit the runtime may be gone already
+    for (int i = 0; i < kSideStreams; ++i) {
+      if (stream[i]) cudaStreamDestroy(stream[i]);
+      if (join[i]) cudaEventDestroy(join[i]);
+      stream[i] = nullptr;
+      join[i] = nullptr;
+    }
+    if (fork) cudaEventDestroy(fork);
+    fork = nullptr;
+    ready = false;
+  }
 };
 
-cudaError_t side_streams(SideStreams** out) {
-  thread_local SideStreams per_device[64];
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
-  SideStreams& s = per_device[device];
-  if (!s.ready) {
-    err = cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming);
-    for (int i = 0; err == cudaSuccess && i < kSideStreams; ++i) {
-      err = cudaStreamCreateWithFlags(&s.stream[i], cudaStreamNonBlocking);
-      if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s.join[i], cudaEventDisableTiming);
-    }
-    if (err != cudaSuccess) return err;
-    s.ready = true;
+// The capture a stream belongs to: 0 when none; false when it cannot be told or the capture is
+// invalidated.
+bool capture_of(cudaStream_t s, unsigned long long* id) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long which = 0;
+  if (cudaStreamGetCaptureInfo(s, &status, &which) != cudaSuccess) return false;
+  if (status == cudaStreamCaptureStatusInvalidated) return false;
+  *id = status == cudaStreamCaptureStatusActive ? which + 1 : 0;
+  return true;
+}
+
+// Side streams for `caller` forked from it, or 0 of them (launch everything on the caller's
+// stream) when they cannot be used: not made, or still in another capture than the caller's (a
+// joined stream stays in its capture until that ends; a wait across captures would merge or
+// break them). Any error is cleared: the launches go on without side streams.
+int fork_side_streams(cudaStream_t caller, int wanted, SideStreams** out) {
+  thread_local SideStreams per_slot[64][kPriorities];
+  int device = 0, priority = 0, least = 0, greatest = 0;
+  unsigned long long mine = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64 ||
+      cudaStreamGetPriority(caller, &priority) != cudaSuccess ||
+      cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess || !capture_of(caller, &mine)) {
+    cudaGetLastError();
+    return 0;
   }
+  SideStreams& s = per_slot[device][std::min(std::max(least - priority, 0), kPriorities - 1)];
+  if (!s.ready && s.make(priority) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  for (int i = 0; i < wanted; ++i) {
+    unsigned long long theirs = 0;
+    if (!capture_of(s.stream[i], &theirs) || (theirs != 0 && theirs != mine)) {
+      cudaGetLastError();
+      return 0;
+    }
+  }
+  if (cudaEventRecord(s.fork, caller) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int forked = 0;  // a failed wait leaves the others forked: they are used, and joined back
+  while (forked < wanted && cudaStreamWaitEvent(s.stream[forked], s.fork, 0) == cudaSuccess) ++forked;
+  if (forked < wanted) cudaGetLastError();
   *out = &s;
-  return cudaSuccess;
+  return forked;
 }
 
 }  // namespace fact_attention
@@ -182,16 +239,7 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
   float* lse = static_cast<float*>(workspace);
   cudaStream_t caller = static_cast<cudaStream_t>(stream);
   SideStreams* side = nullptr;
-  const int sides = group > 1 ? std::min(group - 1, kSideStreams) : 0;
-  if (sides > 0) {
-    err = side_streams(&side);
-    if (err == cudaSuccess) err = cudaEventRecord(side->fork, caller);
-    for (int i = 0; err == cudaSuccess && i < sides; ++i) err = cudaStreamWaitEvent(side->stream[i], side->fork, 0);
-    if (err != cudaSuccess) {
-      std::snprintf(g_error, sizeof g_error, "forking the group's streams: %s", cudaGetErrorString(err));
-      return FACT_CUDA_ERROR;
-    }
-  }
+  const int sides = group > 1 ? fork_side_streams(caller, std::min(group - 1, kSideStreams), &side) : 0;
   int status_out = FACT_OK;
   // Query head h = hk * group + g: launch g covers heads g, g + group, ... against K/V head hk.
   for (int g = 0; g < group && status_out == FACT_OK; ++g) {
@@ -236,9 +284,12 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
   for (int i = 0; i < sides; ++i) {
     err = cudaEventRecord(side->join[i], side->stream[i]);
     if (err == cudaSuccess) err = cudaStreamWaitEvent(caller, side->join[i], 0);
-    if (err != cudaSuccess && status_out == FACT_OK) {
-      std::snprintf(g_error, sizeof g_error, "joining the group's streams: %s", cudaGetErrorString(err));
-      status_out = FACT_CUDA_ERROR;
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not left for the next launch's check to find
+      if (status_out == FACT_OK) {
+        std::snprintf(g_error, sizeof g_error, "joining the group's streams: %s", cudaGetErrorString(err));
+        status_out = FACT_CUDA_ERROR;
+      }
     }
   }
   return status_out;
