@@ -522,8 +522,10 @@ def run_kernel(
     lib = lib if isinstance(lib, KernelLibrary) else KernelLibrary(lib)
     if not isinstance(spec, AttentionSpec):
         spec = AttentionSpec.from_pattern(spec)
-    launch = _Launch(lib, q, k, v, o, spec.scale, workspace, sm_count)
-    launch()
+    # the kernel launches on the current device (and forks streams there): make it q's
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        launch = _Launch(lib, q, k, v, o, spec.scale, workspace, sm_count)
+        launch()
     launch.check()
 
 
