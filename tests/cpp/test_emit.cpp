@@ -124,6 +124,18 @@ TEST(Emit, Tf32StreamKSplitsAreARuntimeKnob) {
   expect_golden(k, "gemm_f32_rc_tf32_streamk.cu");
 }
 
+TEST(Emit, LaunchKnobsNameAndJsonCarryTheReduction) {
+  LaunchKnobs k;
+  EXPECT_EQ(k.name(), "r_heur_s1_k1");
+  EXPECT_FALSE(k.to_json().contains("reduction"));  // deterministic: the default, left out
+  k.raster = "along_m";
+  k.splits = 4;
+  k.reduction = "nondeterministic";
+  EXPECT_EQ(k.name(), "r_m_s1_k4_nd");
+  EXPECT_EQ(k.to_json(), json({{"raster", "along_m"}, {"max_swizzle", 1}, {"splits", 4},
+                               {"reduction", "nondeterministic"}}));
+}
+
 TEST(Emit, KernelNameChangesWithTheEpilogueButNotWithNodeNames) {
   auto ssa = json::array({acc(), opnd(1, 0), fn(2, "add", {0, 1})});
   auto p1 = pattern("bf16", "row", "col", ssa, {operand("bias", "bf16[48]", "row")}, "acc + bias");
