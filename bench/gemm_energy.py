@@ -28,7 +28,6 @@ import ctypes
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -37,7 +36,12 @@ sys.path.insert(0, str(REPO / "python"))
 
 import torch  # noqa: E402
 
-from fact.compose.bench import NVML_CLOCK_SM, nvml_device, nvml_sm_clock_reader  # noqa: E402
+from fact.compose.bench import (  # noqa: E402
+    NVML_CLOCK_SM,
+    SmClock,
+    nvml_device,
+    nvml_sm_clock_reader,
+)
 from fact.tune import harness  # noqa: E402
 from fact.tune.inputs import gemm_args, make_inputs, resolve_problem  # noqa: E402
 from fact.tune.reference import gemm_spec, pytorch_candidate  # noqa: E402
@@ -84,28 +88,16 @@ def sustained(fn, nvml: Nvml, seconds: float) -> dict:
     for _ in range(calls):  # warm-up: let the clock settle under this kernel's draw
         fn()
     torch.cuda.synchronize()
-    samples: list[int] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            samples.append(nvml.clock())
-            stop.wait(0.01)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    e0 = nvml.energy_mj()
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    e1 = nvml.energy_mj()
-    stop.set()
-    thread.join()
+    with SmClock(torch.device("cuda"), read=nvml.clock) as sm_clock:  # every 10 ms, nonzero kept
+        e0 = nvml.energy_mj()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        e1 = nvml.energy_mj()
     us = start.elapsed_time(end) * 1e3 / calls
-    samples = [mhz for mhz in samples if mhz]
-    clock = statistics.median(samples) if samples else 0
+    clock = statistics.median(sm_clock.samples) if sm_clock.samples else 0
     energy = (e1 - e0) / calls if e0 >= 0 and e1 >= 0 else None
     return {
         "calls": calls,

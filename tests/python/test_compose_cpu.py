@@ -1739,7 +1739,7 @@ def test_tuned_attention_rows_feed_choose_like_gemm_rows():
 
 
 def test_device_guard_switches_only_to_another_gpu(monkeypatch):
-    from fact.compose.ops import device_guard
+    from fact.tune.harness import device_guard
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for same in (torch.device("cpu"), torch.device("cuda"), torch.device("cuda:0")):

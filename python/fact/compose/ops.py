@@ -17,7 +17,6 @@ composer's tests use them where there is no GPU.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 from collections.abc import Sequence
@@ -35,7 +34,9 @@ from fact.tune.abi import (
     KernelLibrary,
     KernelStatusError,
     Status,
+    nondeterministic,
 )
+from fact.tune.harness import device_guard
 from fact.tune.inputs import GemmInputs, gemm_args
 from fact.tune.reference import GemmSpec, eval_pointwise, pytorch_candidate, torch_dtype
 
@@ -137,17 +138,6 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
-def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
-    """Makes `device` the current CUDA device while a kernel runs, when it is not already: the
-    kernels launch on the current device (and GEMMs size their grids for it), while the tensors
-    may live on another GPU."""
-    if device.type != "cuda" or device.index is None:
-        return contextlib.nullcontext()
-    if device.index == torch.cuda.current_device():
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
-
-
 def _launch(run, args, nbytes: int, device: torch.device) -> int:
     """run(args, workspace, nbytes, stream), a kernel's ABI entry point, on PyTorch's current
     stream with the workspace it asked for taken from the caching allocator; its status."""
@@ -176,9 +166,7 @@ def launch_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     with stream-K's own decomposition: a split-K factor chosen for atomic adds would serialise
     its peers. The decision cache and CUDA graph keys include the switch, so optimize and
     replay see what runs."""
-    if knobs.get("reduction") not in (None, "deterministic", 0) and (
-        torch.are_deterministic_algorithms_enabled()
-    ):
+    if nondeterministic(knobs) and torch.are_deterministic_algorithms_enabled():
         return {**knobs, "splits": 1, "reduction": "deterministic"}
     return knobs
 

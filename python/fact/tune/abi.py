@@ -55,6 +55,11 @@ RASTER = {"heuristic": 0, "along_m": 1, "along_n": 2}
 REDUCTION = {"deterministic": 0, "nondeterministic": 1}
 
 
+def nondeterministic(knobs: dict[str, Any]) -> bool:
+    """Whether LaunchKnobs JSON asks for the atomic stream-K reduction (by name or ABI int)."""
+    return knobs.get("reduction") in ("nondeterministic", REDUCTION["nondeterministic"])
+
+
 class FactGemmArgs(ctypes.Structure):
     """typedef struct FactGemmArgs: D[l, m, n] = epilogue(sum_k A[l, m, k] * B[l, k, n], ...).
 

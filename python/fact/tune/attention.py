@@ -522,8 +522,7 @@ def run_kernel(
     lib = lib if isinstance(lib, KernelLibrary) else KernelLibrary(lib)
     if not isinstance(spec, AttentionSpec):
         spec = AttentionSpec.from_pattern(spec)
-    # the kernel launches on the current device (and forks streams there): make it q's
-    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+    with harness.device_guard(q.device):
         launch = _Launch(lib, q, k, v, o, spec.scale, workspace, sm_count)
         launch()
     launch.check()

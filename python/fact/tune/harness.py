@@ -57,6 +57,7 @@ from fact.tune.abi import (
     KernelLibrary,
     KernelStatusError,
     Status,
+    nondeterministic,
     status_name,
 )
 
@@ -189,6 +190,21 @@ def _stream_ptr(device) -> int | None:
     import torch
 
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+
+
+def device_guard(device):
+    """Makes `device` the current CUDA device while a kernel runs, when it is not already: the
+    kernels launch on the current device (GEMMs size their grids for it, attention forks its
+    streams there), while the tensors may live on another GPU."""
+    import contextlib
+
+    import torch
+
+    if device.type != "cuda" or device.index is None:
+        return contextlib.nullcontext()
+    if device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 def _workspace(lib: KernelLibrary, args, device):
@@ -568,7 +584,7 @@ def knob_name(knobs: Mapping[str, Any]) -> str:
     """LaunchKnobs::name(): 'r_heur_s1_k1', 'r_heur_s1_k1_nd' with a nondeterministic reduction."""
     raster = knobs.get("raster", "heuristic")
     short = {"heuristic": "heur", "along_m": "m", "along_n": "n", 0: "heur", 1: "m", 2: "n"}
-    nd = "_nd" if knobs.get("reduction") in ("nondeterministic", 1) else ""
+    nd = "_nd" if nondeterministic(knobs) else ""
     swizzle, splits = knobs.get("max_swizzle", 1), knobs.get("splits", 1)
     return f"r_{short.get(raster, raster)}_s{swizzle}_k{splits}{nd}"
 
