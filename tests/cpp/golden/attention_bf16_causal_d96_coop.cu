@@ -136,30 +136,24 @@ bool capture_of(cudaStream_t s, unsigned long long* id) {
 // break them). Any error is cleared: the launches go on without side streams.
 int fork_side_streams(cudaStream_t caller, int wanted, SideStreams** out) {
   thread_local SideStreams per_slot[64][kPriorities];
+  const auto none = [] {
+    cudaGetLastError();
+    return 0;
+  };
   int device = 0, priority = 0, least = 0, greatest = 0;
   unsigned long long mine = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64 ||
       cudaStreamGetPriority(caller, &priority) != cudaSuccess ||
       cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess || !capture_of(caller, &mine)) {
-    cudaGetLastError();
-    return 0;
+    return none();
   }
   SideStreams& s = per_slot[device][std::min(std::max(least - priority, 0), kPriorities - 1)];
-  if (!s.ready && s.make(priority) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
+  if (!s.ready && s.make(priority) != cudaSuccess) return none();
   for (int i = 0; i < wanted; ++i) {
     unsigned long long theirs = 0;
-    if (!capture_of(s.stream[i], &theirs) || (theirs != 0 && theirs != mine)) {
-      cudaGetLastError();
-      return 0;
-    }
+    if (!capture_of(s.stream[i], &theirs) || (theirs != 0 && theirs != mine)) return none();
   }
-  if (cudaEventRecord(s.fork, caller) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
+  if (cudaEventRecord(s.fork, caller) != cudaSuccess) return none();
   int forked = 0;  // a failed wait leaves the others forked: they are used, and joined back
   while (forked < wanted && cudaStreamWaitEvent(s.stream[forked], s.fork, 0) == cudaSuccess) ++forked;
   if (forked < wanted) cudaGetLastError();

@@ -119,15 +119,15 @@ Stride make_stride_from(int64_t ld, int64_t batch_stride) {
   return s;
 }
 
-// How many clusters of this kernel the current device runs at once (cudaOccupancyMaxActiveClusters),
-// asked once per device. CUTLASS's persistent schedulers size their grid from it; without it they
-// assume 18 SMs per GPC, which on a 132-SM H100/H200 launches 116 CTAs for 2x2 clusters.
-// CUTLASS's query leaves shared memory out; registers already allow one CTA per SM.
-int max_active_clusters() {
+// How many clusters of this kernel `device` (the current one) runs at once
+// (cudaOccupancyMaxActiveClusters), asked once per device. CUTLASS's persistent schedulers size
+// their grid from it; without it they assume 18 SMs per GPC, which on a 132-SM H100/H200
+// launches 116 CTAs for 2x2 clusters. CUTLASS's query leaves shared memory out; registers
+// already allow one CTA per SM.
+int max_active_clusters(int device) {
   if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
   static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 16) return 0;
+  if (device < 0 || device >= 16) return 0;
   int n = known[device].load(std::memory_order_relaxed);
   if (n == 0) {
     n = cutlass::KernelHardwareInfo::query_device_max_active_clusters<GemmKernel>();
@@ -152,11 +152,11 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
        static_cast<const ElementC*>(c_ptr), make_stride_from<StrideC>(p->operand_ld[1], p->operand_batch_stride[1]),
        static_cast<ElementD*>(p->d), make_stride_from<StrideD>(p->ldd, p->batch_stride_d)}};
   a.epilogue.thread = {{}, {static_cast<const cutlass::half_t*>(p->operands[0]), cutlass::half_t(0), {_0{}, _1{}, p->operand_batch_stride[0]}}, {}, {}};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = 0;  // the device the kernel launches on
-  a.hw_info.device_id = device;
+  int device = -1;  // the device the kernel launches on
+  if (cudaGetDevice(&device) != cudaSuccess) device = -1;
+  a.hw_info.device_id = device < 0 ? 0 : device;
   a.hw_info.sm_count = p->sm_count;
-  a.hw_info.max_active_clusters = max_active_clusters();
+  a.hw_info.max_active_clusters = max_active_clusters(device);
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
   a.scheduler.raster_order = p->raster == 1 ? Raster::AlongM : p->raster == 2 ? Raster::AlongN : Raster::Heuristic;
   a.scheduler.max_swizzle_size = p->max_swizzle > 0 ? p->max_swizzle : 1;
