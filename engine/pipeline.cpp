@@ -241,15 +241,17 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       continue;
     }
     if (match.family == discover::Family::attention) {
-      // Fused attention: CUTLASS's Hopper FMHA, one kernel per ranked config; the tuner
-      // verifies and times them against PyTorch's scaled_dot_product_attention.
+      // Fused attention: CUTLASS's Hopper FMHA (bf16, f16) or its sm80 kernel (f32, in the math
+      // the precision allows), one kernel per ranked config; the tuner verifies and times them
+      // against PyTorch's scaled_dot_product_attention.
       try {
         const auto spec = realize::AttentionSpec::from_pattern(pattern);
         const auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"],
-                                                         opt.discover.arch, opt.candidates, reg ? &*reg : nullptr);
+                                                         opt.discover.arch, opt.candidates, reg ? &*reg : nullptr,
+                                                         r.plan["float32_matmul_precision"]);
         write_text_file(candidates_file(i), cands.to_json().dump(2));
         for (const auto& ranked : cands.ranked) {
-          add_kernel(i, realize::emit_attention_sm90(spec, ranked.config), ranked.config.to_json());
+          add_kernel(i, realize::emit_attention(spec, ranked.config), ranked.config.to_json());
         }
       } catch (const realize::NotSupported& e) {
         refuse(base, e.what());

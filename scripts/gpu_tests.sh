@@ -18,7 +18,8 @@
 #                        folder of realized attention problems (run directories named after the
 #                        problems `python tests/python/test_tune_gpu.py DIR` writes); without it
 #                        the attention tests realize them here (needs nvcc, fact-engine and
-#                        CUTLASS with examples/88_hopper_fmha; ~2 minutes on 16 cores)
+#                        CUTLASS with examples/88_hopper_fmha and 41_fused_multi_head_attention;
+#                        ~3 minutes on 16 cores)
 #   PYTHON               the interpreter (default python3); it needs torch with CUDA and pytest
 #
 # Extra arguments go to pytest, e.g. scripts/gpu_tests.sh -k manifest -s

@@ -23,14 +23,16 @@ constexpr double kNearDistance = 2.0;
 
 const std::set<std::string> kSteps = {"scale", "causal_mask", "softmax", "dropout"};
 
-// The FMHA collective's P @ V step takes P from registers as 16- or 8-bit operands: no fp32/TF32.
 std::string element_type(const std::string& dtype) {
-  if (dtype != "bf16" && dtype != "f16") {
-    throw NotSupported("attention in " + dtype +
-                       " has no generated kernel (bf16 and f16 only; fp32 models keep PyTorch's attention)");
+  if (dtype != "bf16" && dtype != "f16" && dtype != "f32") {
+    throw NotSupported("attention in " + dtype + " has no generated kernel (bf16, f16 and f32 only)");
   }
   return cutlass_element(dtype);
 }
+
+// The sm80 kernel's warps hold a (block_q x block_kv) score tile between them, 32 x 32 each.
+int sm80_warps(const AttentionConfig& c) { return c.block_q * c.block_kv / (32 * 32); }
+constexpr int kSm80MaxWarps = 8;  // 16 warps (512 threads) would leave 128 registers a thread
 
 int64_t get_int(const json& obj, const char* key, const std::string& what) {
   if (!obj.contains(key) || !obj[key].is_number_integer()) {
@@ -75,6 +77,18 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
     throw NotSupported("heads " + std::to_string(s.heads) + " is not a multiple of kv_heads " +
                        std::to_string(s.kv_heads));
   }
+  if (s.sm80() && s.head_dim > 128) {
+    throw NotSupported("f32 attention with head dim " + std::to_string(s.head_dim) + " (the sm80 kernel: at most 128)");
+  }
+  if (s.sm80() && a.value("out_layout", "bs(hd)") != "bs(hd)") {
+    throw NotSupported("f32 attention writing " + a.value("out_layout", std::string()) +
+                       ": the sm80 kernel writes a contiguous (batch, seq, heads, dim) output only");
+  }
+  if (s.sm80() && s.kv_heads != s.heads && s.kv_heads != 1) {
+    throw NotSupported("f32 grouped-query attention (" + std::to_string(s.heads) + " query heads over " +
+                       std::to_string(s.kv_heads) +
+                       " K/V heads): the sm80 kernel reads one K/V head per query head, or one for all");
+  }
   if (s.causal && s.seq_q > s.seq_k) {
     throw NotSupported("causal attention with more queries (" + std::to_string(s.seq_q) + ") than keys (" +
                        std::to_string(s.seq_k) + ")");
@@ -82,13 +96,19 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
   if (!a.contains("scale") || !a["scale"].is_number() || !(a["scale"].get<double>() > 0)) {
     throw NotSupported("attention without a positive constant softmax scale");
   }
-  s.kernel_head_dim = (s.head_dim + 15) / 16 * 16;
+  // The sm80 kernel's kMaxK bounds the head dim, sizes Q's shared-memory buffers and keeps the
+  // output in registers when one key tile covers it: the head dim rounded up to 32, its K step
+  // (96 stays 96; 128 ran 4 % slower at the MiniGPT shape).
+  s.kernel_head_dim = s.sm80() ? (s.head_dim + 31) / 32 * 32 : (s.head_dim + 15) / 16 * 16;
   return s;
 }
 
 std::string AttentionSpec::id() const { return short_hash(json({dtype, causal, kernel_head_dim}).dump()); }
 
 std::string AttentionConfig::name() const {
+  if (schedule == "multistage") {
+    return "q" + std::to_string(block_q) + "kv" + std::to_string(block_kv) + "_ms_" + math;
+  }
   std::string n = "q" + std::to_string(block_q) + "kv" + std::to_string(block_kv) + "_" +
                   (schedule == "pingpong" ? "pp" : "coop") + "_s" + std::to_string(stages_kv);
   if (mma_warpgroups != 2) n += "_wg" + std::to_string(mma_warpgroups);
@@ -97,12 +117,16 @@ std::string AttentionConfig::name() const {
 }
 
 json AttentionConfig::to_json() const {
+  if (schedule == "multistage") {
+    return {{"name", name()}, {"block_q", block_q}, {"block_kv", block_kv}, {"schedule", schedule}, {"math", math}};
+  }
   return {{"name", name()},         {"block_q", block_q},       {"block_kv", block_kv},
           {"schedule", schedule},   {"stages_kv", stages_kv},   {"mma_warpgroups", mma_warpgroups},
           {"mainloop_locked", mainloop_locked}};
 }
 
 int64_t attention_smem_bytes(const AttentionSpec& spec, const AttentionConfig& c) {
+  FACT_CHECK(c.schedule != "multistage", "attention_smem_bytes is the Hopper collective's");
   const int64_t bytes = 2;  // bf16 / f16
   const int64_t q = static_cast<int64_t>(c.block_q) * spec.kernel_head_dim;  // one stage per MMA warp group
   const int64_t kv = static_cast<int64_t>(c.stages_kv) * c.block_kv * spec.kernel_head_dim;
@@ -115,11 +139,11 @@ json AttentionCandidates::to_json() const {
   return {{"family", "attention"}, {"ranked", ranked_json}, {"dropped", dropped}};
 }
 
-AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
-                                         const json& problem, const std::string& arch, size_t top_n,
-                                         const registry::Registry* reg) {
-  if (arch != "sm90") throw NotSupported("fused attention is emitted for sm90 only (asked for " + arch + ")");
-  // The space: K/V tile x schedule x stages, plus the locked mainloop for the cooperative kernel.
+namespace {
+
+// Hopper FMHA: K/V tile x schedule x stages, plus the locked mainloop for the cooperative kernel;
+// configs whose tiles do not fit shared memory are dropped.
+std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCandidates& out) {
   std::vector<AttentionConfig> space;
   for (const char* schedule : {"cooperative", "pingpong"}) {
     for (int block_kv : {128, 64}) {
@@ -135,7 +159,6 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   AttentionConfig locked;
   locked.mainloop_locked = true;
   space.push_back(locked);
-  AttentionCandidates out;
   std::vector<AttentionConfig> kept;
   for (const auto& c : space) {
     const int64_t smem = attention_smem_bytes(spec, c);
@@ -161,12 +184,57 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   };
   std::stable_sort(kept.begin(), kept.end(),
                    [&](const AttentionConfig& x, const AttentionConfig& y) { return prior(x) < prior(y); });
+  return kept;
+}
+
+// The sm80 kernel (f32): query tile x key tile, in one math. Its shared memory (26-86 KiB for
+// these tiles, fp32, head dim up to 128) always fits; its registers bound the warps.
+std::vector<AttentionConfig> sm80_space(const AttentionSpec& spec, const std::string& precision,
+                                        AttentionCandidates& out) {
+  if (precision != "highest" && precision != "high" && precision != "medium") {
+    throw NotSupported("float32 matmul precision '" + precision + "' (highest, high or medium)");
+  }
+  // TF32 where the policy allows it; fp32-accurate 3xTF32 where it asks for highest.
+  const std::string math = precision == "highest" ? "3xtf32" : "tf32";
+  // PyTorch's choice first (64 x 64 up to head dim 64, else 32 x 128), then more queries per
+  // block (fewer K/V reloads), then the small tiles (more blocks for short sequences).
+  const std::pair<int, int> small_head[] = {{64, 64}, {32, 128}, {64, 128}, {128, 64}, {32, 64}, {128, 128}};
+  const std::pair<int, int> large_head[] = {{32, 128}, {64, 128}, {64, 64}, {128, 64}, {32, 64}, {128, 128}};
+  std::vector<AttentionConfig> kept;
+  for (const auto& [q, kv] : spec.kernel_head_dim <= 64 ? small_head : large_head) {
+    AttentionConfig c;
+    c.schedule = "multistage";
+    c.block_q = q;
+    c.block_kv = kv;
+    c.stages_kv = 0;
+    c.mma_warpgroups = 0;
+    c.math = math;
+    if (sm80_warps(c) > kSm80MaxWarps) {
+      out.dropped.push_back({{"config", c.to_json()},
+                             {"reason", "registers: " + std::to_string(sm80_warps(c)) + " warps of 32 x 32 scores > " +
+                                            std::to_string(kSm80MaxWarps) + " (at most 128 registers a thread)"}});
+      continue;
+    }
+    kept.push_back(c);
+  }
+  return kept;
+}
+
+}  // namespace
+
+AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
+                                         const json& problem, const std::string& arch, size_t top_n,
+                                         const registry::Registry* reg, const std::string& precision) {
+  if (arch != "sm90") throw NotSupported("fused attention is emitted for sm90 only (asked for " + arch + ")");
+  AttentionCandidates out;
+  const std::vector<AttentionConfig> kept = spec.sm80() ? sm80_space(spec, precision, out) : sm90_space(spec, out);
   std::vector<RankedAttention> ranked;
   std::set<std::string> taken;
   if (reg) {
     for (const auto& hit : reg->lookup(signature, arch, problem, 64)) {
       // Only measurements of this problem or a close one (a factor of 4 over all sizes): a
-      // kernel's rank at batch 4 x seq 2048 says little about batch 128 x seq 512.
+      // kernel's rank at batch 4 x seq 2048 says little about batch 128 x seq 512. A config of
+      // another math than the precision's is not in `kept`, so never comes back.
       if (hit.row.disposition != "passed" || hit.distance > kNearDistance) continue;
       const std::string name = hit.row.config.value("name", "");
       auto it = std::find_if(kept.begin(), kept.end(), [&](const AttentionConfig& c) { return c.name() == name; });
@@ -185,7 +253,12 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   return out;
 }
 
+EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config) {
+  return spec.sm80() ? emit_attention_sm80(spec, config) : emit_attention_sm90(spec, config);
+}
+
 EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConfig& c) {
+  FACT_CHECK(!spec.sm80(), "Hopper's FMHA is bf16 / f16 only");
   FACT_CHECK(c.schedule == "cooperative" || c.schedule == "pingpong", "bad attention schedule " + c.schedule);
   FACT_CHECK(c.block_q == 64 * c.mma_warpgroups, "block_q must be 64 rows per MMA warp group");
   EmittedKernel k;
@@ -218,6 +291,43 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
       {"persistent", c.schedule == "pingpong" ? "true" : "false"},
   };
   k.source = substitute(templates::kAttentionSm90, vars);
+  return k;
+}
+
+EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConfig& c) {
+  FACT_CHECK(spec.sm80(), "the sm80 attention kernel is emitted for f32 only");
+  FACT_CHECK(c.schedule == "multistage", "bad sm80 attention schedule " + c.schedule);
+  FACT_CHECK(c.math == "tf32" || c.math == "3xtf32", "bad sm80 attention math '" + c.math + "'");
+  FACT_CHECK(c.block_q % 32 == 0 && c.block_kv % 32 == 0 && sm80_warps(c) <= kSm80MaxWarps,
+             "bad sm80 attention tile " + c.name());
+  EmittedKernel k;
+  k.name = "fact_attention_" + spec.dtype + (spec.causal ? "_causal" : "") + "_d" +
+           std::to_string(spec.kernel_head_dim) + "_" + spec.id() + "_" + c.name();
+  const json info = {{"family", "attention"},
+                     {"dtype", spec.dtype},
+                     {"causal", spec.causal},
+                     {"head_dim", spec.kernel_head_dim},
+                     {"math", c.math},
+                     // what the kernel's addressing allows (the Hopper kernels take any strides)
+                     {"out_layouts", {"bs(hd)"}},
+                     {"kv_heads", "one per query head, or one for all"},
+                     {"config", c.to_json()}};
+  const bool tf32 = c.math == "tf32";
+  std::map<std::string, std::string> vars = {
+      {"description", std::string(spec.causal ? "causal" : "non-causal") + " attention, " + spec.dtype + " with " +
+                          (tf32 ? "TF32" : "3xTF32 (fp32-accurate)") + " tensor-core math, head dim up to " +
+                          std::to_string(spec.kernel_head_dim)},
+      {"kernel_name", k.name},
+      {"kernel_info", info.dump()},
+      {"block_q", std::to_string(c.block_q)},
+      {"block_kv", std::to_string(c.block_kv)},
+      {"head_dim", std::to_string(spec.kernel_head_dim)},
+      {"math", tf32 ? "one TF32 MMA per product (float32 matmul precision high or medium)"
+                    : "3xTF32: each product split into big and small TF32 halves (fp32-accurate)"},
+      {"operator", tf32 ? "cutlass::arch::OpMultiplyAdd" : "cutlass::arch::OpMultiplyAddFastF32"},
+      {"causal", spec.causal ? "true" : "false"},
+  };
+  k.source = substitute(templates::kAttentionSm80, vars);
   return k;
 }
 

@@ -1,11 +1,18 @@
-// Emission for fused attention (forward): a plan pattern of family `attention` -> CUDA C++ for
-// sm_90a built on CUTLASS's Hopper FMHA collectives (examples/88_hopper_fmha in the CUTLASS
-// tree, included from there), exporting the C ABI in abi/fact_attention_abi.h.
+// Emission for fused attention (forward): a plan pattern of family `attention` -> CUDA C++
+// exporting the C ABI in abi/fact_attention_abi.h, from one of two CUTLASS kernels that ship as
+// examples in the CUTLASS tree (included from there, never copied):
+//   bf16 / f16: the Hopper FMHA collectives (examples/88_hopper_fmha: TMA, warp-specialized
+//     WGMMA). Tunables: K/V tile, schedule (cooperative or ping-pong), K/V pipeline stages and
+//     whether the two MMA warp groups take turns in the mainloop.
+//   f32: the sm80 memory-efficient attention (examples/41_fused_multi_head_attention, the kernel
+//     PyTorch's SDPA runs for fp32), whose MMAs are TF32 tensor-core instructions: one per
+//     product where the float32 matmul precision allows TF32 (`high`, `medium`), three (3xTF32,
+//     fp32-accurate) under `highest`. Hopper's WGMMA cannot take the P @ V step in TF32 (V
+//     would be an MN-major TF32 operand). Tunables: query and key tile.
 //
 // One kernel serves every problem of its dtype, mask and head dim: batch, heads, sequence
-// lengths, the softmax scale, grouped-query attention and the tensors' strides are run-time
-// arguments. The tunables are CUTLASS's: K/V tile, schedule (cooperative or ping-pong),
-// K/V pipeline stages and whether the two MMA warp groups take turns in the mainloop.
+// lengths, the softmax scale, grouped-query attention (f32: one K/V head per query head, or one
+// for all) and the tensors' strides are run-time arguments.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -21,23 +28,27 @@ class Registry;
 namespace fact::realize {
 
 struct AttentionSpec {
-  std::string dtype;  // bf16 | f16 (Q, K, V and O)
+  std::string dtype;  // bf16 | f16 | f32 (Q, K, V and O)
   bool causal = false;
   int64_t head_dim = 0;         // the pattern's
-  int64_t kernel_head_dim = 0;  // the kernel's tile (head_dim rounded up to 16)
+  int64_t kernel_head_dim = 0;  // the kernel's tile: head_dim rounded up to 16 (Hopper), to 32 (sm80)
   int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0;  // the plan's problem (ranking only)
 
   static AttentionSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be
   std::string id() const;  // short stable hash of what the kernel is specialised on
+  bool sm80() const { return dtype == "f32"; }  // the sm80 kernel (f32), else Hopper's FMHA
 };
 
 struct AttentionConfig {
-  int block_q = 128;   // query rows per CTA (split over the MMA warp groups)
+  int block_q = 128;   // query rows per CTA (Hopper: split over the MMA warp groups)
   int block_kv = 128;  // keys per mainloop step
-  std::string schedule = "cooperative";  // cooperative | pingpong (persistent, Q loaded separately)
-  int stages_kv = 5;
-  int mma_warpgroups = 2;
-  bool mainloop_locked = false;  // the MMA warp groups issue their GEMMs in turn
+  // cooperative | pingpong (Hopper; ping-pong is persistent, Q loaded separately) |
+  // multistage (the sm80 kernel: cp.async pipelines, mma.sync)
+  std::string schedule = "cooperative";
+  int stages_kv = 5;   // Hopper only
+  int mma_warpgroups = 2;  // Hopper only
+  bool mainloop_locked = false;  // Hopper: the MMA warp groups issue their GEMMs in turn
+  std::string math;  // f32 (multistage) only: tf32 (one TF32 MMA per product) | 3xtf32 (fp32-accurate)
   std::string name() const;
   nlohmann::json to_json() const;
 };
@@ -58,13 +69,17 @@ struct AttentionCandidates {
 
 // The config space for a spec, filtered (shared memory) and ranked: configs the registry has
 // measured for this signature first (exact problem, then problems within a factor of 4 over all
-// sizes; fastest first), then the prior order (cooperative first for short sequences, ping-pong
-// first for long ones).
+// sizes; fastest first), then the prior order (Hopper: cooperative first for short sequences,
+// ping-pong first for long ones; f32: PyTorch's own tile choice first). `precision` (the
+// float32 matmul precision: highest | high | medium) picks an f32 kernel's math.
 AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
                                          const nlohmann::json& problem, const std::string& arch, size_t top_n,
-                                         const registry::Registry* reg);
+                                         const registry::Registry* reg, const std::string& precision = "highest");
 
+// The kernel for a spec and config: Hopper's FMHA for 16-bit specs, the sm80 kernel for f32.
+EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config);
 EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConfig& config);
+EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConfig& config);
 
 // The attention ABI header generated kernels include (next to abi_header_text()'s).
 const char* attention_abi_header_text();

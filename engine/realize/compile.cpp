@@ -114,12 +114,17 @@ std::string find_cutlass(const std::string& hint) {
   return dir;
 }
 
-static fs::path fmha_dir(const std::string& cutlass_dir) {
-  const fs::path dir = fs::path(cutlass_dir) / "examples" / "88_hopper_fmha";
-  if (!fs::exists(dir / "kernel" / "fmha_kernel_builder.hpp")) {
-    throw UserError("'" + cutlass_dir + "' has no examples/88_hopper_fmha (CUTLASS's Hopper FMHA, which attention "
-                    "kernels include): point CUTLASS_DIR at a full CUTLASS source tree such as the "
-                    "nvidia-cutlass wheel's (./setup.sh finds it)");
+// The attention kernels ship as CUTLASS examples and are included from there: the Hopper FMHA
+// (bf16, f16) or the sm80 memory-efficient attention (f32), by what the source includes.
+static fs::path attention_example_dir(const std::string& cutlass_dir, const std::string& source) {
+  const bool sm80 = source.find("\"kernel_forward.h\"") != std::string::npos;
+  const char* example = sm80 ? "41_fused_multi_head_attention" : "88_hopper_fmha";
+  const fs::path dir = fs::path(cutlass_dir) / "examples" / example;
+  if (!fs::exists(sm80 ? dir / "kernel_forward.h" : dir / "kernel" / "fmha_kernel_builder.hpp")) {
+    throw UserError("'" + cutlass_dir + "' has no examples/" + example + " (CUTLASS's " +
+                    (sm80 ? "sm80 fused attention" : "Hopper FMHA") +
+                    ", which attention kernels include): point CUTLASS_DIR at a full CUTLASS source tree such as "
+                    "the nvidia-cutlass wheel's (./setup.sh finds it)");
   }
   return dir;
 }
@@ -241,8 +246,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         argv.insert(argv.end(), flags.begin(), flags.end());
         std::vector<fs::path> includes = {fs::path(opt.cutlass_dir) / "include",
                                           fs::path(opt.cutlass_dir) / "tools" / "util" / "include", tmp};
-        // The Hopper FMHA collectives ship as a CUTLASS example; they are included from there.
-        if (attention) includes.push_back(fmha_dir(opt.cutlass_dir));
+        if (attention) includes.push_back(attention_example_dir(opt.cutlass_dir, job.source));
         for (const auto& inc : includes) argv.push_back("-I" + inc.string());
         argv.insert(argv.end(), {(tmp / "kernel.cu").string(), "-o", (tmp / "kernel.so").string()});
         const int rc = run_logged(argv, tmp / "build.log");

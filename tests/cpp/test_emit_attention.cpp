@@ -1,5 +1,6 @@
-// Emission of fused attention kernels (CUTLASS's Hopper FMHA): golden files, the config space
-// and its filter, ranking (prior and registry), and the patterns FACT refuses with a reason.
+// Emission of fused attention kernels (CUTLASS's Hopper FMHA for bf16 / f16, its sm80 kernel for
+// f32): golden files, the config space and its filter, ranking (prior and registry), the math
+// the precision allows, and the patterns FACT refuses with a reason.
 //
 // Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R EmitAttention.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <filesystem>
 
 #include "golden.h"
+#include "ir/error.h"
 #include "realize/attention.h"
 #include "registry/registry.h"
 
@@ -64,6 +66,70 @@ TEST(EmitAttention, NonCausalF16PingPongMasksTheLastKeyTile) {
   // One kernel per (dtype, mask, head dim): batch, heads, sequence and scale are run-time.
   EXPECT_EQ(spec.id(), AttentionSpec::from_pattern(attention_pattern("f16", false, 128, 8, 8, 300)).id());
   EXPECT_NE(spec.id(), AttentionSpec::from_pattern(attention_pattern("f16", true, 128)).id());
+}
+
+TEST(EmitAttention, F32UsesTheSm80KernelInTheMathThePrecisionAllows) {
+  const auto spec = AttentionSpec::from_pattern(attention_pattern("f32", true, 96));
+  EXPECT_TRUE(spec.sm80());
+  EXPECT_EQ(spec.kernel_head_dim, 96);  // the kernel's kMaxK: native, the P @ V tile is that wide
+  const auto high = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "high");
+  // PyTorch's tile for head dims above 64 first; 16 warps are dropped with the reason
+  EXPECT_EQ(names(high), (std::vector<std::string>{"q32kv128_ms_tf32", "q64kv128_ms_tf32", "q64kv64_ms_tf32",
+                                                   "q128kv64_ms_tf32", "q32kv64_ms_tf32"}));
+  ASSERT_EQ(high.dropped.size(), 1u);
+  EXPECT_EQ(high.dropped[0]["config"]["name"], "q128kv128_ms_tf32");
+  EXPECT_NE(high.dropped[0]["reason"].get<std::string>().find("16 warps"), std::string::npos);
+  EXPECT_EQ(names(attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "medium"))[0],
+            "q32kv128_ms_tf32");
+  // highest: fp32-accurate 3xTF32 only; a TF32 measurement in the registry never comes back
+  const auto highest = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "highest");
+  for (const auto& r : highest.ranked) EXPECT_EQ(r.config.math, "3xtf32") << r.config.name();
+  EXPECT_THROW(attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "low"), NotSupported);
+  {  // the registry's fastest TF32 row ranks first under high, and never comes back under highest
+    const auto dir = std::filesystem::temp_directory_path() / ("fact_attn32_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const auto pattern = attention_pattern("f32", true, 96);
+    {
+      auto reg = registry::Registry::open_writable((dir / "r.db").string());
+      registry::Row row;
+      row.signature = pattern["signature"];
+      row.arch = "sm90";
+      row.problem = pattern["problem"];
+      row.config = {{"name", "q64kv64_ms_tf32"}};
+      row.time_us = 100;
+      row.provenance = "tuned";
+      reg.insert(row);
+    }
+    const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
+    const auto tuned = attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 0, &*reg, "high");
+    EXPECT_EQ(tuned.ranked[0].config.name(), "q64kv64_ms_tf32");
+    EXPECT_NE(tuned.ranked[0].why.find("registry"), std::string::npos);
+    for (const auto& r : attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 0, &*reg,
+                                              "highest")
+                             .ranked) {
+      EXPECT_EQ(r.config.math, "3xtf32") << r.config.name();
+      EXPECT_EQ(r.why, "prior");
+    }
+    std::filesystem::remove_all(dir);
+  }
+
+  const auto k = emit_attention(spec, high.ranked[0].config);
+  EXPECT_EQ(k.name.rfind("fact_attention_f32_causal_d96_", 0), 0u) << k.name;
+  EXPECT_NE(k.source.find("using Operator = cutlass::arch::OpMultiplyAdd;"), std::string::npos);
+  EXPECT_NE(k.source.find("\"out_layouts\":[\"bs(hd)\"]"), std::string::npos);
+  expect_golden(k, "attention_f32_causal_d96_tf32.cu");
+  const auto exact = emit_attention(spec, highest.ranked[0].config);
+  EXPECT_NE(exact.source.find("using Operator = cutlass::arch::OpMultiplyAddFastF32;"), std::string::npos);
+  EXPECT_NE(exact.name, k.name);
+  // Head dims round up to the warp tile (40 -> 64), and PyTorch's 64 x 64 tile leads there.
+  const auto small = AttentionSpec::from_pattern(attention_pattern("f32", false, 40));
+  EXPECT_EQ(small.kernel_head_dim, 64);
+  EXPECT_EQ(names(attention_candidates(small, "sig", json::object(), "sm90", 1, nullptr, "high"))[0],
+            "q64kv64_ms_tf32");
+  // The Hopper kernel takes no f32, the sm80 kernel no bf16.
+  EXPECT_THROW(emit_attention_sm90(spec, high.ranked[0].config), InternalError);
+  const auto bf16 = AttentionSpec::from_pattern(attention_pattern("bf16", true, 96));
+  EXPECT_THROW(emit_attention_sm80(bf16, high.ranked[0].config), InternalError);
 }
 
 TEST(EmitAttention, ConfigsThatDoNotFitSharedMemoryAreDroppedWithAReason) {
@@ -133,8 +199,16 @@ TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  expect_refused(attention_pattern("f32", true, 64), "bf16 and f16 only");
-  auto p = attention_pattern("bf16", true, 64);
+  expect_refused(attention_pattern("f8", true, 64), "bf16, f16 and f32 only");
+  expect_refused(attention_pattern("f32", true, 64, 8, 2), "f32 grouped-query attention (8 query heads over 2");
+  expect_refused(attention_pattern("f32", true, 256), "at most 128");
+  EXPECT_NO_THROW(AttentionSpec::from_pattern(attention_pattern("f32", true, 64, 8, 1)));  // one K/V head for all
+  auto p = attention_pattern("f32", true, 64);
+  p["attrs"]["out_layout"] = "bhsd";
+  expect_refused(p, "f32 attention writing bhsd");
+  p["attrs"]["dtype"] = p["attrs"]["out_dtype"] = "bf16";  // Hopper's kernel writes any layout
+  EXPECT_NO_THROW(AttentionSpec::from_pattern(p));
+  p = attention_pattern("bf16", true, 64);
   p["problem"]["head_dim_v"] = 128;
   expect_refused(p, "value head dim 128");
   expect_refused(attention_pattern("bf16", true, 64, 6, 4), "not a multiple of kv_heads");

@@ -41,9 +41,10 @@ PROBLEM = textwrap.dedent(
 )
 
 
-def realize(problem, out, cache) -> subprocess.CompletedProcess:
+def realize(problem, out, cache, *flags: str) -> subprocess.CompletedProcess:
+    flags = flags or ("--dtype", "bf16")
     return subprocess.run(
-        [sys.executable, "-m", "fact", "realize", str(problem), "--dtype", "bf16",
+        [sys.executable, "-m", "fact", "realize", str(problem), *flags,
          "--candidates", "1", "--out", str(out), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=1200,
         env={**__import__("os").environ, "FACT_CACHE_DIR": str(cache)},
@@ -216,6 +217,67 @@ def test_realize_compiles_a_fused_attention_kernel(engine_available, tmp_path):
     ):
         assert f" T {name}" in symbols, f"{name} not exported"
     assert (run / "src" / "fact_attention_abi.h").is_file()
+
+
+@pytest.mark.parametrize(("precision", "math"), [("high", "tf32"), ("highest", "3xtf32")])
+def test_realize_compiles_fp32_attention_in_the_precisions_math(
+    engine_available, tmp_path, precision, math
+):
+    """The same attention in fp32 becomes CUTLASS's sm80 fused attention (examples/41 of the
+    tree setup installed), TF32 where the precision allows it, 3xTF32 where it asks for
+    fp32-accurate results; it exports the attention ABI."""
+    problem = tmp_path / "attention.py"
+    problem.write_text(ATTENTION_PROBLEM)
+    flags = ("--dtype", "fp32", "--precision", precision)
+    res = realize(problem, tmp_path / "run", tmp_path / "cache", *flags)
+    assert res.returncode == 0, res.stderr
+    (entry,) = json.loads(res.stdout)
+    assert (entry["family"], entry["status"]) == ("attention", "compiled"), entry
+    assert entry["kernel"].startswith("fact_attention_f32_causal_d96_"), entry["kernel"]
+    assert entry["kernel"].endswith(f"_ms_{math}") and entry["config"]["math"] == math
+    symbols = subprocess.run(
+        ["nm", "-D", str(tmp_path / "run" / entry["library"])], capture_output=True, text=True
+    ).stdout
+    assert " T fact_attention_run" in symbols and " T fact_kernel_info" in symbols
+    if precision == "high":
+        _check_sm80_attention_refusals(tmp_path / "run" / entry["library"])
+
+
+def _check_sm80_attention_refusals(library) -> None:
+    """fact_attention_can_implement of an sm80 kernel (q32: 32-query blocks) on the CPU: what
+    its addressing cannot do is refused with a reason, before anything is launched."""
+    from fact.tune.abi import FactAttentionArgs, KernelLibrary, Status
+
+    lib = KernelLibrary(library)
+    assert lib.info["math"] == "tf32" and lib.info["config"]["block_q"] == 32
+
+    def args(b=2, h=8, hk=8, s=512, d=96, **override):
+        # Q, K, V in place in a fused (b, s, h + 2 hk, d) buffer; O a contiguous (b, s, h, d)
+        row = (h + 2 * hk) * d
+        fields = dict(batch=b, heads=h, kv_heads=hk, seq_q=s, seq_k=s, head_dim=d,
+                      q=1 << 20, q_stride_b=s * row, q_stride_h=d, q_stride_s=row,
+                      k=1 << 21, k_stride_b=s * row, k_stride_h=d, k_stride_s=row,
+                      v=1 << 22, v_stride_b=s * row, v_stride_h=d, v_stride_s=row,
+                      o=1 << 23, o_stride_b=s * h * d, o_stride_h=d, o_stride_s=h * d,
+                      scale=0.1, sm_count=0)  # fmt: skip
+        fields.update(override)
+        return FactAttentionArgs(**fields)
+
+    assert lib.attention_can_implement(args()) == Status.OK
+    assert lib.attention_can_implement(args(h=64, hk=1)) == Status.OK  # two whole blocks
+    assert lib.attention_can_implement(args(d=80)) == Status.OK  # below the kernel's 96
+    refused = {
+        "grouped-query": (args(hk=2), "grouped-query"),
+        "one K/V head, 48 heads": (args(h=48, hk=1), "block of 32"),
+        "(B, H, S, D) output": (args(o_stride_h=512 * 96, o_stride_s=96), "contiguous (batch, seq"),
+        "head dim 128": (args(d=128), "at most 96"),
+        "unaligned stride": (args(q_stride_s=24 * 96 + 2), "multiples of 4"),
+        "key offsets past int32": (args(s=1_000_000), "beyond int32"),
+        "more queries than keys": (args(seq_q=600), "more queries than keys"),
+    }
+    for name, (a, why) in refused.items():
+        assert lib.attention_can_implement(a) == Status.NOT_SUPPORTED, name
+        assert why in lib.last_error(), (name, lib.last_error())
 
 
 ROPE_PROBLEM = textwrap.dedent(

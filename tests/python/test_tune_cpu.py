@@ -1826,7 +1826,7 @@ def _changed(pattern: dict, **changes) -> dict:
     ("changes", "why"),
     [
         ({"problem__head_dim_v": 64}, "value head dim 64 differs from the query's 96"),
-        ({"attrs__dtype": "f32", "attrs__out_dtype": "f32"}, "attention in 'f32'"),
+        ({"attrs__dtype": "f8", "attrs__out_dtype": "f8"}, "attention in 'f8'"),
         ({"attrs__out_dtype": "f32"}, "attention output in 'f32' from 'bf16'"),
         ({"problem__kv_heads": 3}, "heads 8 is not a multiple of kv_heads 3"),
         ({"attrs__scale": None}, "without a positive constant softmax scale"),
@@ -1839,6 +1839,23 @@ def test_attention_spec_refusals(changes, why):
 
     with pytest.raises(NotSupportedError, match=re.escape(why)):
         AttentionSpec.from_pattern(_changed(MINIGPT_ATTENTION, **changes))
+
+
+def test_attention_kernel_info_math_follows_the_precision():
+    """A TF32 kernel (the sm80 kernel under "high") does not fit a pattern tuned under "highest";
+    a 3xTF32 one fits any precision."""
+    from fact.tune.attention import AttentionSpec, check_kernel_info
+
+    spec = AttentionSpec.from_pattern(
+        _changed(MINIGPT_ATTENTION, attrs__dtype="f32", attrs__out_dtype="f32")
+    )
+    info = {"family": "attention", "dtype": "f32", "causal": True, "head_dim": 96}
+    assert check_kernel_info({**info, "math": "tf32"}, spec, "high") == []
+    assert check_kernel_info({**info, "math": "tf32"}, spec) == []  # no precision: not checked
+    (why,) = check_kernel_info({**info, "math": "tf32"}, spec, "highest")
+    assert "fp32-accurate" in why
+    for precision in ("highest", "high", "medium"):
+        assert check_kernel_info({**info, "math": "3xtf32"}, spec, precision) == []
 
 
 def test_attention_spec_refuses_other_families_and_steps():
@@ -1989,10 +2006,46 @@ def test_attention_args_for_the_fused_qkv_view():
 def test_attention_tolerance():
     assert tolerance(MINIGPT_ATTENTION, "highest") == tolerance(LLAMA_ATTENTION, "medium")
     assert tolerance(MINIGPT_ATTENTION) == harness.TOL_ATTENTION == 1e-2
+    # f32 attention (the sm80 kernel: TF32 or 3xTF32 MMAs) takes its precision's f32 threshold
+    f32 = _changed(MINIGPT_ATTENTION, attrs__dtype="f32", attrs__out_dtype="f32")
+    assert tolerance(f32, "highest") == harness.TOL_F32_HIGHEST
+    assert tolerance(f32, "high") == harness.TOL_F32_TF32
+    assert tolerance(f32, "medium") == harness.TOL_F32_TF32  # the same TF32 kernel as "high"
     with pytest.raises(NotSupportedError):
-        tolerance(_changed(MINIGPT_ATTENTION, attrs__dtype="f32", attrs__out_dtype="f32"))
+        tolerance(_changed(MINIGPT_ATTENTION, attrs__dtype="f8", attrs__out_dtype="f8"))
     with pytest.raises(FactError, match="precision"):
         tolerance(MINIGPT_ATTENTION, "low")
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to TF32 (10 mantissa bits, to nearest), as a tensor core reads fp32 operands."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(x.dtype)
+
+
+def test_attention_tolerance_is_sensible_for_tf32():
+    """Attention with both GEMMs in TF32 (operands rounded, float64 accumulation) sits well
+    inside the f32 threshold of precision "high"; a wrong causal mask is far out."""
+    from fact.tune.attention import AttentionSpec, make_inputs, reference
+
+    f32 = _changed(MINIGPT_ATTENTION, attrs__dtype="f32", attrs__out_dtype="f32")
+    sizes = {"batch": 1, "heads": 2, "kv_heads": 2, "seq_q": 256, "seq_k": 256}
+    spec = AttentionSpec.from_pattern(f32, sizes)
+    inputs = make_inputs(spec, "cpu", seed=3)
+    q, k, v = (t.double() for t in (inputs.q, inputs.k, inputs.v))
+    ref = reference(spec, inputs.q, inputs.k, inputs.v)
+    tol = tolerance(spec, "high")
+
+    def attention(mask_offset: int) -> torch.Tensor:
+        scores = _tf32(q) @ _tf32(k).transpose(-2, -1) * spec.scale
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(mask_offset)
+        p = torch.softmax(scores.masked_fill(~keep, -math.inf), dim=-1)
+        return _tf32(p) @ _tf32(v)
+
+    tf32, _ = rel_err(attention(0), ref)
+    assert 1e-4 < tf32 < tol / 2, tf32
+    off_by_one, _ = rel_err(attention(1), ref)
+    assert off_by_one > 10 * tol
 
 
 def test_attention_tolerance_is_sensible_for_bf16():

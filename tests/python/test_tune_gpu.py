@@ -11,8 +11,9 @@ timed once more in this process through the in-process API.
 Fused attention: the float32 reference and SDPA on the device at the models' sizes, and, where
 nvcc, CUTLASS and fact-engine are there, attention problems realized with the engine (`fact
 realize`) whose every kernel must pass verification: causal MiniGPT-like (fused QKV, head dim
-96), grouped-query (8 heads, 2 kv, head dim 128), a ragged sequence of 500, and non-causal with
-a softmax scale of its own.
+96), grouped-query (8 heads, 2 kv, head dim 128), multi-query, a ragged sequence of 500, and
+non-causal with a softmax scale of its own; in bf16 (Hopper's FMHA) and in fp32 (the sm80
+kernel, TF32 under "high", 3xTF32 under "highest").
 """
 
 from __future__ import annotations
@@ -365,6 +366,28 @@ ATTENTION_PROBLEMS = {
             return [torch.randn(B, S, H * D), torch.randn(B, S, HK * D),
                     torch.randn(B, S, HK * D)]
         """,
+    # multi-query attention: 4 query heads share one key/value head
+    "mqa": """
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        B, S, H, D = 2, 320, 4, 64
+
+
+        class Model(nn.Module):
+            def forward(self, q, k, v):
+                b, s, _ = q.shape
+                q = q.view(b, s, H, D).transpose(1, 2)
+                k = k.view(b, s, 1, D).transpose(1, 2)
+                v = v.view(b, s, 1, D).transpose(1, 2)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return y.transpose(1, 2).contiguous().view(b, s, H * D)
+
+
+        def get_inputs():
+            return [torch.randn(B, S, H * D), torch.randn(B, S, D), torch.randn(B, S, D)]
+        """,
     # non-causal, a softmax scale that is not 1/sqrt(head_dim)
     "scaled": """
         import torch
@@ -387,14 +410,46 @@ ATTENTION_PROBLEMS = {
         """,
 }
 
-#: (test id, realized problem, sizes on top of its plan's problem, what the plan must say)
+#: realized run -> (problem, --dtype, float32 matmul precision). bf16 runs Hopper's FMHA; fp32
+#: the sm80 kernel in TF32 ("high") or 3xTF32 ("highest") math.
+ATTENTION_RUNS = {
+    "causal_fused": ("causal_fused", "bf16", "highest"),
+    "gqa": ("gqa", "bf16", "highest"),
+    "mqa": ("mqa", "bf16", "highest"),
+    "scaled": ("scaled", "bf16", "highest"),
+    "causal_fused-fp32-high": ("causal_fused", "fp32", "high"),
+    "mqa-fp32-high": ("mqa", "fp32", "high"),
+    "scaled-fp32-high": ("scaled", "fp32", "high"),
+    "causal_fused-fp32-highest": ("causal_fused", "fp32", "highest"),
+}
+
+#: (test id, realized run, sizes on top of its plan's problem, what the plan must say)
 ATTENTION_CASES = [
     ("causal-minigpt-d96", "causal_fused", None, {"causal": True, "head_dim": 96, "heads": 4}),
     ("gqa-h8-kv2-d128", "gqa", None, {"causal": True, "heads": 8, "kv_heads": 2}),
+    ("mqa-h4-kv1-d64", "mqa", None, {"causal": True, "heads": 4, "kv_heads": 1}),
     ("ragged-seq500", "causal_fused", {"seq_q": 500, "seq_k": 500}, {"causal": True}),
     ("gqa-ragged-seq500", "gqa", {"seq_q": 500, "seq_k": 500}, {"kv_heads": 2}),
     ("noncausal-scale0.3", "scaled", None, {"causal": False, "scale": 0.3}),
     ("noncausal-cross-q200-k333", "scaled", {"seq_q": 200, "seq_k": 333}, {"causal": False}),
+    ("fp32-tf32-causal-d96", "causal_fused-fp32-high", None, {"dtype": "f32", "head_dim": 96}),
+    ("fp32-tf32-ragged-seq500", "causal_fused-fp32-high", {"seq_q": 500, "seq_k": 500}, {}),
+    # head dim 80 on the kernel built for 96 (kMaxK is an upper bound)
+    ("fp32-tf32-d80", "causal_fused-fp32-high", {"head_dim": 80, "head_dim_v": 80}, {}),
+    ("fp32-tf32-mqa", "mqa-fp32-high", None, {"dtype": "f32", "kv_heads": 1}),
+    # the sm80 kernel's own path for a block left with one query over a shared K/V head (it
+    # takes the heads as rows and drops the mask): 321 = 10 x 32 + 1 = 5 x 64 + 1 tokens, and
+    # causal with fewer queries than keys (query 32 alone in its block must stop at its diagonal)
+    ("fp32-tf32-mqa-one-query-tail", "mqa-fp32-high", {"seq_q": 321, "seq_k": 321}, {}),
+    ("fp32-tf32-mqa-causal-q33-k64", "mqa-fp32-high", {"seq_q": 33, "seq_k": 64}, {}),
+    ("mqa-causal-q33-k64", "mqa", {"seq_q": 33, "seq_k": 64}, {}),
+    (
+        "fp32-tf32-noncausal-cross-q200-k333",
+        "scaled-fp32-high",
+        {"seq_q": 200, "seq_k": 333},
+        {"causal": False, "scale": 0.3},
+    ),  # fmt: skip
+    ("fp32-3xtf32-causal-d96", "causal_fused-fp32-highest", None, {"dtype": "f32"}),
 ]
 
 
@@ -411,8 +466,9 @@ def _realize_prerequisites() -> str | None:
         cutlass = Path(find_cutlass(None))
     except FactError as exc:
         return f"needs fact-engine and CUTLASS: {exc}"
-    if not (cutlass / "examples" / "88_hopper_fmha").is_dir():
-        return f"CUTLASS at {cutlass} has no examples/88_hopper_fmha"
+    for example in ("88_hopper_fmha", "41_fused_multi_head_attention"):
+        if not (cutlass / "examples" / example).is_dir():
+            return f"CUTLASS at {cutlass} has no examples/{example}"
     return None
 
 
@@ -427,26 +483,26 @@ def _attention_run(name: str, folder: Path, log: str = "") -> tuple[dict, list, 
 
 @pytest.fixture(scope="module")
 def realized_attention(tmp_path_factory):
-    """{problem name: (plan pattern, manifest entries, realize's log)}: each attention problem
+    """{run name: (plan pattern, manifest entries, realize's log)}: each of ATTENTION_RUNS
     realized with the engine (2 candidates each, compiled in parallel into one kernel cache).
 
-    FACT_TEST_ATTENTION_RUNS=DIR takes them from DIR/<name> instead (run directories of
-    `fact realize DIR/<name>.py --dtype bf16 --out DIR/<name>` made elsewhere, e.g. on a CPU
-    machine with nvcc: write the problems with `python tests/python/test_tune_gpu.py DIR`)."""
+    FACT_TEST_ATTENTION_RUNS=DIR takes them from DIR/<run> instead (run directories of
+    `fact realize DIR/<problem>.py --dtype D --precision P --out DIR/<run>` made elsewhere, e.g.
+    on a CPU machine with nvcc: `python tests/python/test_tune_gpu.py DIR` writes the problems
+    and prints those commands)."""
     given = os.environ.get("FACT_TEST_ATTENTION_RUNS")
     if given:
-        return {name: _attention_run(name, Path(given) / name) for name in ATTENTION_PROBLEMS}
+        return {name: _attention_run(name, Path(given) / name) for name in ATTENTION_RUNS}
     why = _realize_prerequisites()
     if why:
         pytest.skip(why)
     root = tmp_path_factory.mktemp("attention_runs")
     env = {**os.environ, "FACT_CACHE_DIR": str(root / "cache")}
-    procs = {}
     for name, source in ATTENTION_PROBLEMS.items():
-        problem = root / f"{name}.py"
-        problem.write_text(textwrap.dedent(source))
-        cmd = [sys.executable, "-m", "fact", "realize", str(problem), "--dtype", "bf16",
-               "--candidates", "2", "--out", str(root / name), "--json"]  # fmt: skip
+        (root / f"{name}.py").write_text(textwrap.dedent(source))
+    procs = {}
+    for name in ATTENTION_RUNS:
+        cmd = [sys.executable, "-m", "fact", *_realize_args(root, name), "--json"]
         procs[name] = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -458,22 +514,33 @@ def realized_attention(tmp_path_factory):
     return realized
 
 
+def _realize_args(root: Path, run: str) -> list[str]:
+    problem, dtype, precision = ATTENTION_RUNS[run]
+    return ["realize", str(root / f"{problem}.py"), "--dtype", dtype, "--precision", precision,
+            "--candidates", "2", "--out", str(root / run)]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("problem_name", "sizes", "expect"),
+    ("run", "sizes", "expect"),
     [pytest.param(*case[1:], id=case[0]) for case in ATTENTION_CASES],
 )
-def test_realized_attention_kernels_pass(realized_attention, problem_name, sizes, expect):
-    pattern, entries, log = realized_attention[problem_name]
+def test_realized_attention_kernels_pass(realized_attention, run, sizes, expect):
+    pattern, entries, log = realized_attention[run]
+    _, dtype, precision = ATTENTION_RUNS[run]
     for key, value in expect.items():
-        got = pattern["attrs"][key] if key in ("causal", "scale") else pattern["problem"][key]
-        assert got == pytest.approx(value), (key, got)
+        attr = key in ("causal", "scale", "dtype")
+        got = pattern["attrs"][key] if attr else pattern["problem"][key]
+        assert got == (value if key == "dtype" else pytest.approx(value)), (key, got)
     built = [e for e in entries if e.get("library")]
     assert built, f"the engine built no attention kernel: {entries} {log[-2000:]}"
     assert all(e.get("family", "attention") == "attention" for e in built)
-    rows = tune(pattern, built, "highest", problem=sizes)  # fault-isolated
+    if dtype == "fp32":  # the sm80 kernel, in the math the precision allows
+        math = "3xtf32" if precision == "highest" else "tf32"
+        assert all(e["kernel"].endswith(f"_ms_{math}") for e in built), built
+    rows = tune(pattern, built, precision, problem=sizes)  # fault-isolated
     base, *kernels = rows
     assert base["kernel"] == "pytorch" and base["disposition"] == "passed", base["message"]
-    tol = tolerance(pattern)
+    tol = tolerance(pattern, precision)
     for row in kernels:
         assert row["disposition"] == "passed", f"{row['kernel']}: {row['message']}"
         assert 0 < row["error"] <= tol and row["time_us"] > 0 and row["knobs"] == {}
@@ -500,4 +567,5 @@ if __name__ == "__main__":  # write the attention problems for FACT_TEST_ATTENTI
     out.mkdir(parents=True, exist_ok=True)
     for name, source in ATTENTION_PROBLEMS.items():
         (out / f"{name}.py").write_text(textwrap.dedent(source))
-        print(out / f"{name}.py")
+    for run in ATTENTION_RUNS:
+        print("fact " + " ".join(_realize_args(out, run)))

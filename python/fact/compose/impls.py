@@ -494,11 +494,12 @@ class SdpaAttention(Impl):
 
 
 class AttentionImpl(Impl):
-    """A generated fused attention kernel (backend cutlass: CUTLASS's Hopper FMHA built by
-    realize) or its PyTorch twin (backend reference), through fact::attention, for both
-    attention rules. Q, K and V are read in place from the graph's views; grouped-query K/V
-    repeated in the region (repeat_kv) are read un-repeated; the output is written in
-    (batch, seq, heads, dim) order, so merging the heads afterwards copies nothing."""
+    """A generated fused attention kernel (backend cutlass: CUTLASS's Hopper FMHA, or its sm80
+    kernel for f32, built by realize) or its PyTorch twin (backend reference), through
+    fact::attention, for both attention rules. Q, K and V are read in place from the graph's
+    views; grouped-query K/V repeated in the region (repeat_kv) are read un-repeated; the output
+    is written in (batch, seq, heads, dim) order, so merging the heads afterwards copies
+    nothing."""
 
     def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
         _attention_steps(pattern)
@@ -534,6 +535,30 @@ class AttentionImpl(Impl):
         out_layout = attrs.get("out_layout") or "bs(hd)"
         if out_layout not in ("bs(hd)", "bhsd"):
             raise NotSupportedError(f"attention output layout {out_layout!r}")
+        if backend == "cutlass":
+            # The sm80 kernel (f32) writes (batch, seq, heads, dim) only and reads one K/V head
+            # per query head or one for all; its info says so (Hopper's kernels take any).
+            layouts = info.get("out_layouts") or ["bs(hd)", "bhsd"]
+            if out_layout not in layouts:
+                raise NotSupportedError(
+                    f"{name} writes its output as {' or '.join(layouts)}, the model wants "
+                    f"{out_layout}"
+                )
+            heads, kv_heads = int(problem.get("heads", 0)), int(problem.get("kv_heads", 0))
+            if "kv_heads" in info and kv_heads not in (heads, 1):
+                raise NotSupportedError(
+                    f"{name} reads {info['kv_heads']}; the pattern has {heads} query heads over "
+                    f"{kv_heads} K/V heads"
+                )
+            # ... and with one K/V head for all, its one-query blocks take the heads as rows, a
+            # block of them at a time (the kernel refuses a partial block at run time).
+            block_q = int((info.get("config") or {}).get("block_q", 0))
+            shared = "kv_heads" in info and kv_heads == 1 < heads
+            if shared and block_q and heads > block_q and heads % block_q:
+                raise NotSupportedError(
+                    f"{name}: {heads} query heads over one K/V head is not a whole number of "
+                    f"its {block_q}-row blocks"
+                )
         entry = AttentionKernel(causal, scale, out_dtype, backend, library, label, out_layout)
         self.handle = register_kernel(entry)
         name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'attention'}"

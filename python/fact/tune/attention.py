@@ -46,8 +46,9 @@ from fact.tune.reference import NotSupportedError, torch_dtype
 FAMILY = "attention"
 #: The problem's sizes (docs/plan-format.md); a problem override may set any of them.
 PROBLEM_KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "head_dim_v")
-#: Q/K/V/O element types the kernels are generated for (engine/realize/attention.cpp).
-DTYPES = ("bf16", "f16")
+#: Q/K/V/O element types the kernels are generated for (engine/realize/attention.cpp): bf16 and
+#: f16 by Hopper's FMHA, f32 by the sm80 kernel (TF32 or 3xTF32 math, by precision).
+DTYPES = ("bf16", "f16", "f32")
 #: Pattern steps a fused attention kernel computes (dropout: identity in inference).
 STEPS = ("scale", "causal_mask", "softmax", "dropout")
 OUT_LAYOUTS = ("bs(hd)", "bhsd")
@@ -205,11 +206,16 @@ def _spec(pattern: Any, problem: Mapping[str, Any] | None = None) -> AttentionSp
     return AttentionSpec.from_pattern(pattern, problem)
 
 
-def check_kernel_info(info: Mapping[str, Any], spec: AttentionSpec) -> list[str]:
+def check_kernel_info(
+    info: Mapping[str, Any], spec: AttentionSpec, precision: str | None = None
+) -> list[str]:
     """Where an attention kernel's fact_kernel_info() disagrees with the pattern (empty when it
-    fits): family, dtype, causal, and a head dim the kernel serves (its info's head_dim is the
-    largest). Keys the info lacks are not checked."""
+    fits): family, dtype, causal, a head dim the kernel serves (its info's head_dim is the
+    largest), and, given the float32 matmul precision, a math it allows (TF32 is not
+    fp32-accurate: not under "highest"). Keys the info lacks are not checked."""
     problems = []
+    if precision == "highest" and info.get("math") == "tf32":
+        problems.append("math: kernel 'tf32', precision 'highest' asks for fp32-accurate results")
     if "family" in info and info["family"] != FAMILY:
         problems.append(f"family: kernel {info['family']!r}, pattern 'attention'")
     if "dtype" in info and info["dtype"] != spec.dtype:
@@ -609,7 +615,7 @@ def _verify(
     kept = None
     failures: list[str] = []
     if lib is not None:
-        mismatch = check_kernel_info(lib.info, spec)
+        mismatch = check_kernel_info(lib.info, spec, precision)
         if lib.family != FAMILY:
             mismatch = [f"a {lib.family} kernel library, not an attention kernel"]
         if mismatch:

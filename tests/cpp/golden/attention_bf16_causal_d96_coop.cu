@@ -70,7 +70,8 @@ cudaError_t allow_shared_memory() {
   static cudaError_t results[64];
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess || device < 0 || device >= 64) return err;
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
   std::call_once(flags[device], [device] {
     results[device] = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
