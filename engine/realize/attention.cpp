@@ -253,6 +253,24 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   return out;
 }
 
+namespace {
+
+std::string kernel_name(const AttentionSpec& spec, const AttentionConfig& c) {
+  return "fact_attention_" + spec.dtype + (spec.causal ? "_causal" : "") + "_d" +
+         std::to_string(spec.kernel_head_dim) + "_" + spec.id() + "_" + c.name();
+}
+
+// fact_kernel_info(): what the kernel computes, for the tuner's and the composer's checks.
+json kernel_info(const AttentionSpec& spec, const AttentionConfig& c) {
+  return {{"family", "attention"},
+          {"dtype", spec.dtype},
+          {"causal", spec.causal},
+          {"head_dim", spec.kernel_head_dim},
+          {"config", c.to_json()}};
+}
+
+}  // namespace
+
 EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config) {
   return spec.sm80() ? emit_attention_sm80(spec, config) : emit_attention_sm90(spec, config);
 }
@@ -262,13 +280,8 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
   FACT_CHECK(c.schedule == "cooperative" || c.schedule == "pingpong", "bad attention schedule " + c.schedule);
   FACT_CHECK(c.block_q == 64 * c.mma_warpgroups, "block_q must be 64 rows per MMA warp group");
   EmittedKernel k;
-  k.name = "fact_attention_" + spec.dtype + (spec.causal ? "_causal" : "") + "_d" +
-           std::to_string(spec.kernel_head_dim) + "_" + spec.id() + "_" + c.name();
-  const json info = {{"family", "attention"},
-                     {"dtype", spec.dtype},
-                     {"causal", spec.causal},
-                     {"head_dim", spec.kernel_head_dim},
-                     {"config", c.to_json()}};
+  k.name = kernel_name(spec, c);
+  const json info = kernel_info(spec, c);
   std::map<std::string, std::string> vars = {
       {"description", std::string(spec.causal ? "causal" : "non-causal") + " attention, " + spec.dtype +
                           ", head dim up to " + std::to_string(spec.kernel_head_dim)},
@@ -301,17 +314,12 @@ EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConf
   FACT_CHECK(c.block_q % 32 == 0 && c.block_kv % 32 == 0 && sm80_warps(c) <= kSm80MaxWarps,
              "bad sm80 attention tile " + c.name());
   EmittedKernel k;
-  k.name = "fact_attention_" + spec.dtype + (spec.causal ? "_causal" : "") + "_d" +
-           std::to_string(spec.kernel_head_dim) + "_" + spec.id() + "_" + c.name();
-  const json info = {{"family", "attention"},
-                     {"dtype", spec.dtype},
-                     {"causal", spec.causal},
-                     {"head_dim", spec.kernel_head_dim},
-                     {"math", c.math},
-                     // what the kernel's addressing allows (the Hopper kernels take any strides)
-                     {"out_layouts", {"bs(hd)"}},
-                     {"kv_heads", "one per query head, or one for all"},
-                     {"config", c.to_json()}};
+  k.name = kernel_name(spec, c);
+  json info = kernel_info(spec, c);
+  info["math"] = c.math;
+  // what the kernel's addressing allows (the Hopper kernels take any strides and groups)
+  info["out_layouts"] = {"bs(hd)"};
+  info["kv_heads"] = "one per query head, or one for all";
   const bool tf32 = c.math == "tf32";
   std::map<std::string, std::string> vars = {
       {"description", std::string(spec.causal ? "causal" : "non-causal") + " attention, " + spec.dtype + " with " +
