@@ -821,6 +821,26 @@ def test_report_note_names_the_runner_up(ref_opt):
     assert "next:" not in row
 
 
+def test_report_says_which_math_an_fp32_attention_kernel_ran(ref_opt):
+    """An fp32 pattern's generated kernel says its math (TF32 under "high", 3xTF32 under
+    "highest"), as AttentionImpl reads it from the kernel info."""
+    _, _, opt, _ = ref_opt
+    report = json.loads(json.dumps(opt.report, default=str))
+    target = report["patterns"][0]
+    target.update(chosen="cutlass:k", kind="generated", time_us=855.0, math="tf32")
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    (row,) = [ln for ln in md.splitlines() if ln.startswith(f"| {target['index']} | ")]
+    assert "| cutlass:k (generated kernel, TF32 math) |" in row
+    target["math"] = "3xtf32"
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    assert "(generated kernel, 3xTF32, fp32-accurate math)" in md
+    lib = StubAttentionLibrary(dtype="f32", math="3xtf32")
+    pattern = attention_pattern(dtype="f32", out_dtype="f32")
+    assert AttentionImpl(pattern, "cutlass", lib, label="k").detail["math"] == "3xtf32"
+    bf16 = AttentionImpl(attention_pattern(), "cutlass", StubAttentionLibrary(), label="k")
+    assert "math" not in bf16.detail
+
+
 def test_report_markdown_marks_a_fallback(ref_opt):
     _, _, opt, _ = ref_opt
     report = json.loads(json.dumps(opt.report, default=str))

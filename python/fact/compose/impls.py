@@ -562,7 +562,10 @@ class AttentionImpl(Impl):
         entry = AttentionKernel(causal, scale, out_dtype, backend, library, label, out_layout)
         self.handle = register_kernel(entry)
         name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'attention'}"
-        super().__init__(name, "generated", {"backend": backend, "causal": causal, "scale": scale})
+        detail = {"backend": backend, "causal": causal, "scale": scale}
+        if backend == "cutlass" and info.get("math"):
+            detail["math"] = info["math"]  # f32: tf32 | 3xtf32, shown in the report
+        super().__init__(name, "generated", detail)
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         io = attention_io(graph, reg, pattern, unrepeat=True)

@@ -461,6 +461,8 @@ def choose(
                 error=best["error"],
                 impl=impl,
             )
+            if impl.detail.get("math"):
+                d["math"] = impl.detail["math"]
         else:
             why = "; ".join(f"{c['impl']}: {c['message']}" for c in d["candidates"])
             d["reason"] = f"kept PyTorch ({why})"

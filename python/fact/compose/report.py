@@ -84,6 +84,8 @@ def markdown(bench: Mapping[str, Any]) -> str:
     for p in opt.get("patterns") or []:
         chosen = p.get("chosen") if not p.get("fallback") else "pytorch (fallback)"
         kind = {"generated": "generated kernel", "library": "library kernel"}.get(p.get("kind"), "")
+        math = {"tf32": "TF32", "3xtf32": "3xTF32, fp32-accurate"}.get(p.get("math") or "")
+        kind = f"{kind}, {math} math" if kind and math else kind
         runs_as = f"{chosen} ({kind})" if kind and not p.get("fallback") else chosen
         after = p.get("time_us") if not p.get("fallback") else None
         note = "; ".join(n for n in (p.get("reason") or "", _runner_up(p)) if n)
