@@ -72,3 +72,15 @@ grep -E "passed|failed|error" $OUT/gpu_tests_tune_attention.log | tail -3
 grep -E "^FAILED|^ERROR" $OUT/gpu_tests_tune_attention.log | head
 timeout 200 scripts/gpu_tests.sh -k "test_compose_gpu and attention and fp32" > $OUT/gpu_tests_compose_attention_fp32.log 2>&1
 echo "compose-attention-fp32 rc=$? $(( $(date +%s) - t0 )) s"; tail -2 $OUT/gpu_tests_compose_attention_fp32.log
+
+# ---- .device/run_w.sh (.device/att32: bench/problems/attention_minigpt.py realized with
+#   fact realize ... --dtype fp32 --precision high|highest --candidates 2, registry seeded from data/)
+# Session 8, device call 5: issue 4's kernel benchmark at the MiniGPT shape in fp32: the sm80
+# kernel (TF32 under high, 3xTF32 under highest) against fp32 SDPA, the hand-written eager module
+# and torch.compile, one process per run directory (bench/gemm_bench.py).
+set -uo pipefail
+tar xzf .device/att32.tgz -C .device
+export PYTHONPATH=$PWD/python
+O=$OUT; mkdir -p $O/r; trap 'cd $O && tar czf res.tgz r && rm -rf r' EXIT; export OUT=$O/r
+timeout 400 python3 bench/gemm_bench.py .device/att32 --out $OUT/att32 > $OUT/att32.log 2>&1; echo "bench rc=$?"
+cat $OUT/att32/*.md 2>/dev/null | grep -E "^\|" | cut -c1-260 | head -20
