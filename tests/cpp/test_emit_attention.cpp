@@ -36,6 +36,18 @@ json attention_pattern(const std::string& dtype, bool causal, int64_t d, int64_t
           {"attrs", {{"causal", causal}, {"scale", 0.125}, {"dtype", dtype}, {"out_dtype", dtype}}}};
 }
 
+// A passed, tuned registry row of `pattern`'s signature and problem for config `name`.
+registry::Row measured(const json& pattern, const std::string& name, double time_us) {
+  registry::Row row;
+  row.signature = pattern["signature"];
+  row.arch = "sm90";
+  row.problem = pattern["problem"];
+  row.config = {{"name", name}};
+  row.time_us = time_us;
+  row.provenance = "tuned";
+  return row;
+}
+
 std::vector<std::string> names(const AttentionCandidates& c) {
   std::vector<std::string> out;
   for (const auto& r : c.ranked) out.push_back(r.config.name());
@@ -89,17 +101,7 @@ TEST(EmitAttention, F32UsesTheSm80KernelInTheMathThePrecisionAllows) {
     const auto dir = std::filesystem::temp_directory_path() / ("fact_attn32_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     const auto pattern = attention_pattern("f32", true, 96);
-    {
-      auto reg = registry::Registry::open_writable((dir / "r.db").string());
-      registry::Row row;
-      row.signature = pattern["signature"];
-      row.arch = "sm90";
-      row.problem = pattern["problem"];
-      row.config = {{"name", "q64kv64_ms_tf32"}};
-      row.time_us = 100;
-      row.provenance = "tuned";
-      reg.insert(row);
-    }
+    registry::Registry::open_writable((dir / "r.db").string()).insert(measured(pattern, "q64kv64_ms_tf32", 100));
     const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
     const auto tuned = attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 0, &*reg, "high");
     EXPECT_EQ(tuned.ranked[0].config.name(), "q64kv64_ms_tf32");
@@ -156,13 +158,7 @@ TEST(EmitAttention, RegistryMeasurementsRankFirst) {
   const auto spec = AttentionSpec::from_pattern(pattern);
   {
     auto reg = registry::Registry::open_writable((dir / "r.db").string());
-    registry::Row row;
-    row.signature = pattern["signature"];
-    row.arch = "sm90";
-    row.problem = pattern["problem"];
-    row.config = {{"name", "q128kv64_pp_s4"}};
-    row.time_us = 250;
-    row.provenance = "tuned";
+    registry::Row row = measured(pattern, "q128kv64_pp_s4", 250);
     reg.insert(row);
     row.config = {{"name", "q128kv64_coop_s3"}};
     row.disposition = "incorrect";  // never ranked from a failed row

@@ -126,14 +126,11 @@ def tolerance(pattern: Any, precision: str = "highest") -> float:
         if _spec(pattern).dtype != "f32":
             return TOL_ATTENTION
         return TOL_F32_HIGHEST if precision == "highest" else TOL_F32_TF32
-    f32_tolerance = {"highest": TOL_F32_HIGHEST, "high": TOL_F32_TF32}.get(
-        precision, TOL_16BIT_OUTPUT
-    )
     spec = pattern if isinstance(pattern, GemmSpec) else gemm_spec(pattern)
     if spec.dtype_out in ("bf16", "f16"):
         return TOL_16BIT_OUTPUT
     if "f32" in (spec.dtype_a, spec.dtype_b):
-        return f32_tolerance
+        return {"highest": TOL_F32_HIGHEST, "high": TOL_F32_TF32}.get(precision, TOL_16BIT_OUTPUT)
     return TOL_F32_HIGHEST  # 16-bit inputs are exact in f32: only accumulation error remains
 
 
