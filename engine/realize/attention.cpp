@@ -78,16 +78,14 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
                        std::to_string(s.kv_heads));
   }
   if (s.sm80() && s.head_dim > 128) {
-    throw NotSupported("f32 attention with head dim " + std::to_string(s.head_dim) + " (the sm80 kernel: at most 128)");
-  }
-  if (s.sm80() && a.value("out_layout", "bs(hd)") != "bs(hd)") {
-    throw NotSupported("f32 attention writing " + a.value("out_layout", std::string()) +
-                       ": the sm80 kernel writes a contiguous (batch, seq, heads, dim) output only");
-  }
-  if (s.sm80() && s.kv_heads != s.heads && s.kv_heads != 1) {
-    throw NotSupported("f32 grouped-query attention (" + std::to_string(s.heads) + " query heads over " +
-                       std::to_string(s.kv_heads) +
-                       " K/V heads): the sm80 kernel reads one K/V head per query head, or one for all");
+    s.sm80_refusal = "head dim " + std::to_string(s.head_dim) + " (the sm80 kernel: at most 128)";
+  } else if (s.sm80() && a.value("out_layout", "bs(hd)") != "bs(hd)") {
+    s.sm80_refusal = "output layout " + a.value("out_layout", std::string()) +
+                     " (the sm80 kernel writes a contiguous (batch, seq, heads, dim) output only)";
+  } else if (s.sm80() && s.kv_heads != s.heads && s.kv_heads != 1) {
+    s.sm80_refusal = "grouped-query attention, " + std::to_string(s.heads) + " query heads over " +
+                     std::to_string(s.kv_heads) +
+                     " K/V heads (the sm80 kernel reads one K/V head per query head, or one for all)";
   }
   if (s.causal && s.seq_q > s.seq_k) {
     throw NotSupported("causal attention with more queries (" + std::to_string(s.seq_q) + ") than keys (" +
@@ -113,6 +111,7 @@ std::string AttentionConfig::name() const {
                   (schedule == "pingpong" ? "pp" : "coop") + "_s" + std::to_string(stages_kv);
   if (mma_warpgroups != 2) n += "_wg" + std::to_string(mma_warpgroups);
   if (mainloop_locked) n += "_locked";
+  if (!math.empty()) n += "_" + math;
   return n;
 }
 
@@ -120,17 +119,23 @@ json AttentionConfig::to_json() const {
   if (schedule == "multistage") {
     return {{"name", name()}, {"block_q", block_q}, {"block_kv", block_kv}, {"schedule", schedule}, {"math", math}};
   }
-  return {{"name", name()},         {"block_q", block_q},       {"block_kv", block_kv},
-          {"schedule", schedule},   {"stages_kv", stages_kv},   {"mma_warpgroups", mma_warpgroups},
-          {"mainloop_locked", mainloop_locked}};
+  json j = {{"name", name()},         {"block_q", block_q},       {"block_kv", block_kv},
+            {"schedule", schedule},   {"stages_kv", stages_kv},   {"mma_warpgroups", mma_warpgroups},
+            {"mainloop_locked", mainloop_locked}};
+  if (!math.empty()) j["math"] = math;
+  return j;
 }
 
 int64_t attention_smem_bytes(const AttentionSpec& spec, const AttentionConfig& c) {
   FACT_CHECK(c.schedule != "multistage", "attention_smem_bytes is the Hopper collective's");
-  const int64_t bytes = 2;  // bf16 / f16
+  const int64_t bytes = spec.dtype == "f32" ? 4 : 2;
   const int64_t q = static_cast<int64_t>(c.block_q) * spec.kernel_head_dim;  // one stage per MMA warp group
   const int64_t kv = static_cast<int64_t>(c.stages_kv) * c.block_kv * spec.kernel_head_dim;
-  return (q + kv) * bytes;
+  // The budget reserves one epilogue buffer (64 rows x up to 64 columns of the output a warp
+  // group, and its barriers); the persistent (ping-pong) kernel keeps one per MMA warp group.
+  const int64_t d = spec.kernel_head_dim;
+  const int64_t epilogue = c.schedule == "pingpong" ? 64 * std::min<int64_t>(d, 64) * bytes + 1024 : 0;
+  return (q + kv) * bytes + epilogue;
 }
 
 json AttentionCandidates::to_json() const {
@@ -142,8 +147,11 @@ json AttentionCandidates::to_json() const {
 namespace {
 
 // Hopper FMHA: K/V tile x schedule x stages, plus the locked mainloop for the cooperative kernel;
-// configs whose tiles do not fit shared memory are dropped.
+// configs whose tiles do not fit shared memory are dropped. f32 runs it in TF32 (`math`). K and
+// V tiles take turns in the stages, and a warp group holds V_j until it has issued P_j+1 V_j+1
+// while K_j+1 is in use: fewer than three stages deadlock (two did, on the H200).
 std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCandidates& out) {
+  const std::string math = spec.dtype == "f32" ? "tf32" : "";
   std::vector<AttentionConfig> space;
   for (const char* schedule : {"cooperative", "pingpong"}) {
     for (int block_kv : {128, 64}) {
@@ -152,19 +160,22 @@ std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCand
         c.schedule = schedule;
         c.block_kv = block_kv;
         c.stages_kv = stages;
+        c.math = math;
         space.push_back(c);
       }
     }
   }
   AttentionConfig locked;
   locked.mainloop_locked = true;
+  locked.math = math;
+  if (!math.empty()) locked.block_kv = 64;  // TF32 tiles: 128 keys x 5 stages fit head dims <= 32 only
   space.push_back(locked);
   std::vector<AttentionConfig> kept;
   for (const auto& c : space) {
     const int64_t smem = attention_smem_bytes(spec, c);
     if (smem > kSmemBudget) {
       out.dropped.push_back({{"config", c.to_json()},
-                             {"reason", "shared memory: " + std::to_string(smem / 1024) + " KiB of tiles > " +
+                             {"reason", "shared memory: " + std::to_string(smem / 1024) + " KiB > " +
                                             std::to_string(kSmemBudget / 1024) + " KiB"}});
       continue;
     }
@@ -172,12 +183,14 @@ std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCand
   }
   // Prior order (measured on the H200, see bench/README.md): the cooperative kernel leads for
   // short sequences, ping-pong (persistent, one tile's softmax hides the other's GEMMs) for long
-  // ones; larger K/V tiles and deeper pipelines first.
+  // ones; larger K/V tiles and deeper pipelines first. In TF32, where a 128-key tile leaves room
+  // for three stages only, the pipeline's depth first (64 keys x 5 stages ran 14 % faster than
+  // 128 x 3 at the MiniGPT shape).
   const bool long_seq = spec.seq_k >= 1024;
   auto prior = [&](const AttentionConfig& c) {
     int score = 0;
     score += (c.schedule == "pingpong") == long_seq ? 0 : 100;
-    score += c.block_kv == 128 ? 0 : 40;
+    score += (c.block_kv == 128) == math.empty() ? 0 : 40;
     score += (5 - c.stages_kv) * 15;
     score += c.mainloop_locked ? 30 : 0;
     return score;
@@ -194,8 +207,13 @@ std::vector<AttentionConfig> sm80_space(const AttentionSpec& spec, const std::st
   if (precision != "highest" && precision != "high" && precision != "medium") {
     throw NotSupported("float32 matmul precision '" + precision + "' (highest, high or medium)");
   }
-  // TF32 where the policy allows it; fp32-accurate 3xTF32 where it asks for highest.
+  // TF32 where the policy allows it; fp32-accurate 3xTF32 where it asks for highest, from this
+  // kernel only: a pattern it cannot compute is refused then.
   const std::string math = precision == "highest" ? "3xtf32" : "tf32";
+  if (!spec.sm80_refusal.empty() && precision == "highest") {
+    throw NotSupported("f32 attention under float32 matmul precision 'highest' runs the sm80 kernel in 3xTF32, "
+                       "which cannot compute this pattern: " + spec.sm80_refusal);
+  }
   // PyTorch's choice first (64 x 64 up to head dim 64, else 32 x 128), then more queries per
   // block (fewer K/V reloads), then the small tiles (more blocks for short sequences).
   const std::pair<int, int> small_head[] = {{64, 64}, {32, 128}, {64, 128}, {128, 64}, {32, 64}, {128, 128}};
@@ -209,6 +227,10 @@ std::vector<AttentionConfig> sm80_space(const AttentionSpec& spec, const std::st
     c.stages_kv = 0;
     c.mma_warpgroups = 0;
     c.math = math;
+    if (!spec.sm80_refusal.empty()) {
+      out.dropped.push_back({{"config", c.to_json()}, {"reason", spec.sm80_refusal}});
+      continue;
+    }
     if (sm80_warps(c) > kSm80MaxWarps) {
       out.dropped.push_back({{"config", c.to_json()},
                              {"reason", "registers: " + std::to_string(sm80_warps(c)) + " warps of 32 x 32 scores > " +
@@ -227,7 +249,25 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
                                          const registry::Registry* reg, const std::string& precision) {
   if (arch != "sm90") throw NotSupported("fused attention is emitted for sm90 only (asked for " + arch + ")");
   AttentionCandidates out;
-  const std::vector<AttentionConfig> kept = spec.sm80() ? sm80_space(spec, precision, out) : sm90_space(spec, out);
+  std::vector<AttentionConfig> kept = spec.sm80() ? sm80_space(spec, precision, out) : sm90_space(spec, out);
+  if (spec.sm80() && precision != "highest") {
+    // TF32 allowed: Hopper's FMHA in TF32 too. The two kernels' prior orders alternate, Hopper's
+    // first; the ranked list below keeps one of each within a --candidates bound.
+    const std::vector<AttentionConfig> sm80 = std::move(kept);
+    const std::vector<AttentionConfig> sm90 = sm90_space(spec, out);
+    kept.clear();
+    for (size_t i = 0; i < std::max(sm80.size(), sm90.size()); ++i) {
+      if (i < sm90.size()) kept.push_back(sm90[i]);
+      if (i < sm80.size()) kept.push_back(sm80[i]);
+    }
+  }
+  if (kept.empty()) {
+    std::set<std::string> reasons;
+    for (const auto& d : out.dropped) reasons.insert(d["reason"].get<std::string>());
+    std::string why;
+    for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+    throw NotSupported("no attention kernel config fits this pattern: " + why);
+  }
   std::vector<RankedAttention> ranked;
   std::set<std::string> taken;
   if (reg) {
@@ -247,6 +287,17 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   }
   for (const auto& c : kept) {
     if (taken.insert(c.name()).second) ranked.push_back({c, "prior"});
+  }
+  // Two kernels for one pattern (f32 in TF32): registry rows of one kernel must not crowd the
+  // other out of a --candidates bound; its best ranked config takes the bound's last place.
+  if (top_n > 1 && ranked.size() > top_n) {
+    const auto sm80 = [](const RankedAttention& r) { return r.config.schedule == "multistage"; };
+    const bool first = sm80(ranked[0]);
+    const auto head = ranked.begin() + static_cast<std::ptrdiff_t>(top_n);
+    if (std::all_of(ranked.begin(), head, [&](const RankedAttention& r) { return sm80(r) == first; })) {
+      const auto other = std::find_if(head, ranked.end(), [&](const RankedAttention& r) { return sm80(r) != first; });
+      if (other != ranked.end()) std::rotate(head - 1, other, other + 1);
+    }
   }
   if (top_n > 0 && ranked.size() > top_n) ranked.resize(top_n);
   out.ranked = std::move(ranked);
@@ -272,22 +323,29 @@ json kernel_info(const AttentionSpec& spec, const AttentionConfig& c) {
 }  // namespace
 
 EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config) {
-  return spec.sm80() ? emit_attention_sm80(spec, config) : emit_attention_sm90(spec, config);
+  return config.schedule == "multistage" ? emit_attention_sm80(spec, config) : emit_attention_sm90(spec, config);
 }
 
 EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConfig& c) {
-  FACT_CHECK(!spec.sm80(), "Hopper's FMHA is bf16 / f16 only");
+  const bool tf32 = spec.dtype == "f32";
+  FACT_CHECK(c.math == (tf32 ? "tf32" : ""), "Hopper's FMHA runs bf16 / f16, or f32 in TF32 (math '" + c.math + "')");
   FACT_CHECK(c.schedule == "cooperative" || c.schedule == "pingpong", "bad attention schedule " + c.schedule);
   FACT_CHECK(c.block_q == 64 * c.mma_warpgroups, "block_q must be 64 rows per MMA warp group");
   EmittedKernel k;
   k.name = kernel_name(spec, c);
-  const json info = kernel_info(spec, c);
+  json info = kernel_info(spec, c);
+  if (tf32) info["math"] = "tf32";
   std::map<std::string, std::string> vars = {
       {"description", std::string(spec.causal ? "causal" : "non-causal") + " attention, " + spec.dtype +
-                          ", head dim up to " + std::to_string(spec.kernel_head_dim)},
+                          (tf32 ? " with TF32 tensor-core math" : "") + ", head dim up to " +
+                          std::to_string(spec.kernel_head_dim)},
       {"kernel_name", k.name},
       {"kernel_info", info.dump()},
       {"element", element_type(spec.dtype)},
+      {"element_mma", tf32 ? "cutlass::tfloat32_t" : element_type(spec.dtype)},
+      {"math", tf32 ? "TF32 MMAs (float32 matmul precision high or medium), fp32 accumulation and output"
+                    : spec.dtype + " MMAs, fp32 accumulation"},
+      {"transpose_v", tf32 ? "true" : "false"},
       {"block_q", std::to_string(c.block_q)},
       {"block_kv", std::to_string(c.block_kv)},
       {"head_dim", std::to_string(spec.kernel_head_dim)},
@@ -295,8 +353,6 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
       {"mma_warpgroups", std::to_string(c.mma_warpgroups)},
       {"mainloop_locked", c.mainloop_locked ? "cute::true_type" : "cute::false_type"},
       {"schedule", c.schedule},
-      {"dispatch", c.schedule == "pingpong" ? "cutlass::gemm::KernelTmaWarpSpecializedPingpong"
-                                            : "cutlass::gemm::KernelTmaWarpSpecializedCooperative"},
       // Keys past seq_k are zero-filled by TMA: the causal mask hides them (seq_q <= seq_k), the
       // residual fusion masks them in the last K/V tile otherwise.
       {"fusion", spec.causal ? "cutlass::fmha::collective::CausalFusion" : "cutlass::fmha::collective::ResidualFusion"},
@@ -308,7 +364,7 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
 }
 
 EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConfig& c) {
-  FACT_CHECK(spec.sm80(), "the sm80 attention kernel is emitted for f32 only");
+  FACT_CHECK(spec.dtype == "f32", "the sm80 attention kernel is emitted for f32 only");
   FACT_CHECK(c.schedule == "multistage", "bad sm80 attention schedule " + c.schedule);
   FACT_CHECK(c.math == "tf32" || c.math == "3xtf32", "bad sm80 attention math '" + c.math + "'");
   FACT_CHECK(c.block_q % 32 == 0 && c.block_kv % 32 == 0 && sm80_warps(c) <= kSm80MaxWarps,

@@ -4,15 +4,17 @@
 //   bf16 / f16: the Hopper FMHA collectives (examples/88_hopper_fmha: TMA, warp-specialized
 //     WGMMA). Tunables: K/V tile, schedule (cooperative or ping-pong), K/V pipeline stages and
 //     whether the two MMA warp groups take turns in the mainloop.
-//   f32: the sm80 memory-efficient attention (examples/41_fused_multi_head_attention, the kernel
-//     PyTorch's SDPA runs for fp32), whose MMAs are TF32 tensor-core instructions: one per
-//     product where the float32 matmul precision allows TF32 (`high`, `medium`), three (3xTF32,
-//     fp32-accurate) under `highest`. Hopper's WGMMA cannot take the P @ V step in TF32 (V
-//     would be an MN-major TF32 operand). Tunables: query and key tile.
+//   f32: where the float32 matmul precision allows TF32 (`high`, `medium`), the same Hopper
+//     FMHA with TF32 WGMMAs (they read shared memory K-major only, so P @ V takes a transposed
+//     copy of V, made by the kernel in its workspace) and the sm80 kernel below in TF32; under
+//     `highest` the sm80 kernel only, in 3xTF32 (fp32-accurate).
+//   The sm80 kernel: CUTLASS's memory-efficient attention (examples/41_fused_multi_head_attention,
+//     the kernel PyTorch's SDPA runs for fp32), mma.sync TF32 instructions: one per product
+//     (TF32) or three (3xTF32). Tunables: query and key tile.
 //
 // One kernel serves every problem of its dtype, mask and head dim: batch, heads, sequence
-// lengths, the softmax scale, grouped-query attention (f32: one K/V head per query head, or one
-// for all) and the tensors' strides are run-time arguments.
+// lengths, the softmax scale, grouped-query attention (the sm80 kernel: one K/V head per query
+// head, or one for all) and the tensors' strides are run-time arguments.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -36,7 +38,12 @@ struct AttentionSpec {
 
   static AttentionSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be
   std::string id() const;  // short stable hash of what the kernel is specialised on
-  bool sm80() const { return dtype == "f32"; }  // the sm80 kernel (f32), else Hopper's FMHA
+  // f32: the sm80 kernel is a candidate (under `highest` the only one)
+  bool sm80() const { return dtype == "f32"; }
+  // Why the sm80 kernel cannot compute the pattern (f32; empty when it can): a head dim above
+  // 128, an output other than a contiguous (batch, seq, heads, dim) one, grouped-query K/V.
+  // Hopper's FMHA in TF32 can; under `highest` the pattern is refused.
+  std::string sm80_refusal;
 };
 
 struct AttentionConfig {
@@ -48,12 +55,14 @@ struct AttentionConfig {
   int stages_kv = 5;   // Hopper only
   int mma_warpgroups = 2;  // Hopper only
   bool mainloop_locked = false;  // Hopper: the MMA warp groups issue their GEMMs in turn
-  std::string math;  // f32 (multistage) only: tf32 (one TF32 MMA per product) | 3xtf32 (fp32-accurate)
+  // f32 only: tf32 (one TF32 MMA per product; Hopper or sm80) | 3xtf32 (sm80, fp32-accurate)
+  std::string math;
   std::string name() const;
   nlohmann::json to_json() const;
 };
 
-// Shared memory the collective needs for a config (Q stages + K/V stages), in bytes.
+// Shared memory the collective needs for a config (Q stages + K/V stages, and the persistent
+// kernel's second epilogue buffer), in bytes.
 int64_t attention_smem_bytes(const AttentionSpec& spec, const AttentionConfig& c);
 
 struct RankedAttention {

@@ -115,7 +115,8 @@ std::string find_cutlass(const std::string& hint) {
 }
 
 // The attention kernels ship as CUTLASS examples and are included from there: the Hopper FMHA
-// (bf16, f16) or the sm80 memory-efficient attention (f32), by what the source includes.
+// (bf16, f16, f32 in TF32) or the sm80 memory-efficient attention (f32), by what the source
+// includes.
 static fs::path attention_example_dir(const std::string& cutlass_dir, const std::string& source) {
   const bool sm80 = source.find("\"kernel_forward.h\"") != std::string::npos;
   const char* example = sm80 ? "41_fused_multi_head_attention" : "88_hopper_fmha";

@@ -73,30 +73,60 @@ TEST(EmitAttention, NonCausalF16PingPongMasksTheLastKeyTile) {
   EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5");  // long sequence: ping-pong first
   const auto k = emit_attention_sm90(spec, cands.ranked[0].config);
   EXPECT_NE(k.source.find("cutlass::fmha::collective::ResidualFusion"), std::string::npos);
-  EXPECT_NE(k.source.find("KernelTmaWarpSpecializedPingpong"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr bool kPersistent = true;"), std::string::npos);  // the ping-pong kernel
   expect_golden(k, "attention_f16_d128_pingpong.cu");
   // One kernel per (dtype, mask, head dim): batch, heads, sequence and scale are run-time.
   EXPECT_EQ(spec.id(), AttentionSpec::from_pattern(attention_pattern("f16", false, 128, 8, 8, 300)).id());
   EXPECT_NE(spec.id(), AttentionSpec::from_pattern(attention_pattern("f16", true, 128)).id());
 }
 
-TEST(EmitAttention, F32UsesTheSm80KernelInTheMathThePrecisionAllows) {
+TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
   const auto spec = AttentionSpec::from_pattern(attention_pattern("f32", true, 96));
   EXPECT_TRUE(spec.sm80());
-  EXPECT_EQ(spec.kernel_head_dim, 96);  // the kernel's kMaxK: native, the P @ V tile is that wide
+  EXPECT_EQ(spec.kernel_head_dim, 96);  // the sm80 kernel's kMaxK: native, the P @ V tile is that wide
   const auto high = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "high");
-  // PyTorch's tile for head dims above 64 first; 16 warps are dropped with the reason
-  EXPECT_EQ(names(high), (std::vector<std::string>{"q32kv128_ms_tf32", "q64kv128_ms_tf32", "q64kv64_ms_tf32",
-                                                   "q128kv64_ms_tf32", "q32kv64_ms_tf32"}));
-  ASSERT_EQ(high.dropped.size(), 1u);
-  EXPECT_EQ(high.dropped[0]["config"]["name"], "q128kv128_ms_tf32");
-  EXPECT_NE(high.dropped[0]["reason"].get<std::string>().find("16 warps"), std::string::npos);
-  EXPECT_EQ(names(attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "medium"))[0],
-            "q32kv128_ms_tf32");
+  // TF32: Hopper's FMHA and the sm80 kernel, their prior orders alternating (Hopper's first:
+  // cooperative for a short sequence, the deepest pipeline first; PyTorch's sm80 tile for head
+  // dims above 64). 16 sm80 warps and TF32 tiles beyond shared memory are dropped.
+  const auto ranked = names(high);
+  ASSERT_EQ(ranked.size(), 14u);
+  EXPECT_EQ(std::vector<std::string>(ranked.begin(), ranked.begin() + 4),
+            (std::vector<std::string>{"q128kv64_coop_s5_tf32", "q32kv128_ms_tf32", "q128kv64_coop_s4_tf32",
+                                      "q64kv128_ms_tf32"}));
+  EXPECT_EQ(ranked.back(), "q128kv128_pp_s3_tf32");
+  std::vector<std::string> dropped;
+  for (const auto& d : high.dropped) dropped.push_back(d["config"]["name"].get<std::string>() + ": " +
+                                                      d["reason"].get<std::string>());
+  EXPECT_EQ(dropped, (std::vector<std::string>{
+                         "q128kv128_ms_tf32: registers: 16 warps of 32 x 32 scores > 8 (at most 128 registers a thread)",
+                         "q128kv128_coop_s5_tf32: shared memory: 288 KiB > 211 KiB",
+                         "q128kv128_coop_s4_tf32: shared memory: 240 KiB > 211 KiB",
+                         // the persistent kernel's second epilogue buffer: 64 x 64 fp32 outputs
+                         "q128kv128_pp_s5_tf32: shared memory: 305 KiB > 211 KiB",
+                         "q128kv128_pp_s4_tf32: shared memory: 257 KiB > 211 KiB"}))
+      << high.dropped.dump(1);
+  EXPECT_EQ(names(attention_candidates(spec, "sig", json::object(), "sm90", 2, nullptr, "medium")),
+            (std::vector<std::string>{"q128kv64_coop_s5_tf32", "q32kv128_ms_tf32"}));
   // highest: fp32-accurate 3xTF32 only; a TF32 measurement in the registry never comes back
   const auto highest = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "highest");
   for (const auto& r : highest.ranked) EXPECT_EQ(r.config.math, "3xtf32") << r.config.name();
   EXPECT_THROW(attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "low"), NotSupported);
+  {  // Registry rows of one kernel do not crowd the other out of a --candidates bound.
+    const auto dir = std::filesystem::temp_directory_path() / ("fact_attnmix_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    const auto pattern = attention_pattern("f32", true, 96);
+    {
+      auto w = registry::Registry::open_writable((dir / "r.db").string());
+      w.insert(measured(pattern, "q32kv128_ms_tf32", 850));
+      w.insert(measured(pattern, "q64kv64_ms_tf32", 960));
+    }
+    const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
+    EXPECT_EQ(names(attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 2, &*reg, "high")),
+              (std::vector<std::string>{"q32kv128_ms_tf32", "q128kv64_coop_s5_tf32"}));
+    EXPECT_EQ(names(attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 3, &*reg, "high")),
+              (std::vector<std::string>{"q32kv128_ms_tf32", "q64kv64_ms_tf32", "q128kv64_coop_s5_tf32"}));
+    std::filesystem::remove_all(dir);
+  }
   {  // the registry's fastest TF32 row ranks first under high, and never comes back under highest
     const auto dir = std::filesystem::temp_directory_path() / ("fact_attn32_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
@@ -115,7 +145,14 @@ TEST(EmitAttention, F32UsesTheSm80KernelInTheMathThePrecisionAllows) {
     std::filesystem::remove_all(dir);
   }
 
-  const auto k = emit_attention(spec, high.ranked[0].config);
+  // Hopper in TF32: the MMAs read TF32, memory holds fp32, V is transposed for P @ V.
+  const auto hopper = emit_attention(spec, high.ranked[0].config);
+  EXPECT_EQ(hopper.name.rfind("fact_attention_f32_causal_d96_", 0), 0u) << hopper.name;
+  EXPECT_NE(hopper.source.find("using ElementMma = cutlass::tfloat32_t;"), std::string::npos);
+  EXPECT_NE(hopper.source.find("constexpr bool kTransposeV = true;"), std::string::npos);
+  EXPECT_NE(hopper.source.find("\"math\":\"tf32\""), std::string::npos);
+  expect_golden(hopper, "attention_f32_causal_d96_tf32_coop.cu");
+  const auto k = emit_attention(spec, high.ranked[1].config);
   EXPECT_EQ(k.name.rfind("fact_attention_f32_causal_d96_", 0), 0u) << k.name;
   EXPECT_NE(k.source.find("using Operator = cutlass::arch::OpMultiplyAdd;"), std::string::npos);
   EXPECT_NE(k.source.find("\"out_layouts\":[\"bs(hd)\"]"), std::string::npos);
@@ -126,12 +163,17 @@ TEST(EmitAttention, F32UsesTheSm80KernelInTheMathThePrecisionAllows) {
   // Head dims round up to the warp tile (40 -> 64), and PyTorch's 64 x 64 tile leads there.
   const auto small = AttentionSpec::from_pattern(attention_pattern("f32", false, 40));
   EXPECT_EQ(small.kernel_head_dim, 64);
-  EXPECT_EQ(names(attention_candidates(small, "sig", json::object(), "sm90", 1, nullptr, "high"))[0],
+  EXPECT_EQ(names(attention_candidates(small, "sig", json::object(), "sm90", 2, nullptr, "high"))[1],
             "q64kv64_ms_tf32");
-  // The Hopper kernel takes no f32, the sm80 kernel no bf16.
-  EXPECT_THROW(emit_attention_sm90(spec, high.ranked[0].config), InternalError);
+  // Hopper takes f32 in TF32 only, the sm80 kernel no bf16.
+  for (const char* math : {"", "3xtf32"}) {
+    AttentionConfig c = high.ranked[0].config;
+    c.math = math;
+    EXPECT_THROW(emit_attention_sm90(spec, c), InternalError) << math;
+  }
   const auto bf16 = AttentionSpec::from_pattern(attention_pattern("bf16", true, 96));
-  EXPECT_THROW(emit_attention_sm80(bf16, high.ranked[0].config), InternalError);
+  EXPECT_THROW(emit_attention_sm80(bf16, high.ranked[1].config), InternalError);
+  EXPECT_THROW(emit_attention_sm90(bf16, high.ranked[0].config), InternalError);  // a TF32 config
 }
 
 TEST(EmitAttention, ConfigsThatDoNotFitSharedMemoryAreDroppedWithAReason) {
@@ -196,13 +238,56 @@ TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
     }
   };
   expect_refused(attention_pattern("f8", true, 64), "bf16, f16 and f32 only");
-  expect_refused(attention_pattern("f32", true, 64, 8, 2), "f32 grouped-query attention (8 query heads over 2");
-  expect_refused(attention_pattern("f32", true, 256), "at most 128");
-  EXPECT_NO_THROW(AttentionSpec::from_pattern(attention_pattern("f32", true, 64, 8, 1)));  // one K/V head for all
-  auto p = attention_pattern("f32", true, 64);
-  p["attrs"]["out_layout"] = "bhsd";
-  expect_refused(p, "f32 attention writing bhsd");
-  p["attrs"]["dtype"] = p["attrs"]["out_dtype"] = "bf16";  // Hopper's kernel writes any layout
+  // f32 patterns the sm80 kernel cannot compute: Hopper's FMHA in TF32 only (its configs alone
+  // are ranked, the sm80 ones dropped with the reason); refused under highest (sm80 only).
+  auto f32_bhsd = attention_pattern("f32", true, 64);
+  f32_bhsd["attrs"]["out_layout"] = "bhsd";
+  const std::pair<json, std::string> sm80_cannot[] = {
+      {attention_pattern("f32", true, 64, 8, 2), "grouped-query attention, 8 query heads over 2 K/V heads"},
+      {attention_pattern("f32", true, 256), "head dim 256 (the sm80 kernel: at most 128)"},
+      {f32_bhsd, "output layout bhsd"}};
+  for (const auto& [pattern, why] : sm80_cannot) {
+    const auto spec = AttentionSpec::from_pattern(pattern);
+    EXPECT_NE(spec.sm80_refusal.find(why), std::string::npos) << spec.sm80_refusal;
+    try {
+      attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "highest");
+      ADD_FAILURE() << "accepted under highest: " << pattern.dump();
+    } catch (const NotSupported& e) {
+      EXPECT_NE(std::string(e.what()).find("'highest' runs the sm80 kernel"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    if (spec.head_dim > 128) {  // TF32 tiles of head dim 256 exceed shared memory too
+      try {
+        attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "high");
+        ADD_FAILURE() << "a config fits: " << pattern.dump();
+      } catch (const NotSupported& e) {
+        EXPECT_NE(std::string(e.what()).find("no attention kernel config fits"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("shared memory"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    const auto high = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "high");
+    ASSERT_FALSE(high.ranked.empty());
+    for (const auto& r : high.ranked) EXPECT_NE(r.config.schedule, "multistage") << r.config.name();
+    size_t sm80_dropped = 0;
+    for (const auto& d : high.dropped) sm80_dropped += d["reason"].get<std::string>() == spec.sm80_refusal;
+    EXPECT_EQ(sm80_dropped, 6u);
+  }
+  EXPECT_TRUE(AttentionSpec::from_pattern(attention_pattern("f32", true, 64, 8, 1)).sm80_refusal.empty());  // MQA
+  {  // head dim 160 in TF32: the persistent kernel's second fp32 epilogue buffer (17 KiB) does not
+     // fit next to 200 KiB of tiles (it came to 235 KiB when compiled), the cooperative one does
+    const auto d160 = AttentionSpec::from_pattern(attention_pattern("f32", true, 160, 8, 2, 2048));
+    const auto c = attention_candidates(d160, "sig", json::object(), "sm90", 0, nullptr, "high");
+    EXPECT_EQ(names(c), (std::vector<std::string>{"q128kv64_coop_s3_tf32"}));
+    bool pp_dropped = false;
+    for (const auto& d : c.dropped) {
+      pp_dropped |= d["config"]["name"] == "q128kv64_pp_s3_tf32" &&
+                    d["reason"] == "shared memory: 217 KiB > 211 KiB";
+    }
+    EXPECT_TRUE(pp_dropped) << c.dropped.dump(1);
+  }
+  auto p = attention_pattern("bf16", true, 64);
+  p["attrs"]["out_layout"] = "bhsd";  // Hopper's kernel writes any layout
   EXPECT_NO_THROW(AttentionSpec::from_pattern(p));
   p = attention_pattern("bf16", true, 64);
   p["problem"]["head_dim_v"] = 128;

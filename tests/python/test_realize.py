@@ -41,11 +41,11 @@ PROBLEM = textwrap.dedent(
 )
 
 
-def realize(problem, out, cache, *flags: str) -> subprocess.CompletedProcess:
+def realize(problem, out, cache, *flags: str, candidates: int = 1) -> subprocess.CompletedProcess:
     flags = flags or ("--dtype", "bf16")
     return subprocess.run(
         [sys.executable, "-m", "fact", "realize", str(problem), *flags,
-         "--candidates", "1", "--out", str(out), "--json"],
+         "--candidates", str(candidates), "--out", str(out), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=1200,
         env={**__import__("os").environ, "FACT_CACHE_DIR": str(cache)},
     )  # fmt: skip
@@ -219,49 +219,87 @@ def test_realize_compiles_a_fused_attention_kernel(engine_available, tmp_path):
     assert (run / "src" / "fact_attention_abi.h").is_file()
 
 
-@pytest.mark.parametrize(("precision", "math"), [("high", "tf32"), ("highest", "3xtf32")])
+@pytest.mark.parametrize(
+    ("precision", "kernels"),
+    [("high", ["q128kv64_coop_s5_tf32", "q32kv128_ms_tf32"]), ("highest", ["q32kv128_ms_3xtf32"])],
+)
 def test_realize_compiles_fp32_attention_in_the_precisions_math(
-    engine_available, tmp_path, precision, math
+    engine_available, tmp_path, precision, kernels
 ):
-    """The same attention in fp32 becomes CUTLASS's sm80 fused attention (examples/41 of the
-    tree setup installed), TF32 where the precision allows it, 3xTF32 where it asks for
-    fp32-accurate results; it exports the attention ABI."""
+    """The same attention in fp32: where the precision allows TF32, CUTLASS's Hopper FMHA with
+    TF32 WGMMAs and its sm80 fused attention (examples/41 of the tree setup installed) in TF32,
+    the first two candidates; where it asks for fp32-accurate results, the sm80 kernel in
+    3xTF32. Each exports the attention ABI."""
     problem = tmp_path / "attention.py"
     problem.write_text(ATTENTION_PROBLEM)
     flags = ("--dtype", "fp32", "--precision", precision)
-    res = realize(problem, tmp_path / "run", tmp_path / "cache", *flags)
+    res = realize(problem, tmp_path / "run", tmp_path / "cache", *flags, candidates=len(kernels))
     assert res.returncode == 0, res.stderr
-    (entry,) = json.loads(res.stdout)
-    assert (entry["family"], entry["status"]) == ("attention", "compiled"), entry
-    assert entry["kernel"].startswith("fact_attention_f32_causal_d96_"), entry["kernel"]
-    assert entry["kernel"].endswith(f"_ms_{math}") and entry["config"]["math"] == math
-    symbols = subprocess.run(
-        ["nm", "-D", str(tmp_path / "run" / entry["library"])], capture_output=True, text=True
-    ).stdout
-    assert " T fact_attention_run" in symbols and " T fact_kernel_info" in symbols
+    entries = json.loads(res.stdout)
+    statuses = [(e["family"], e["status"]) for e in entries]
+    assert statuses == [("attention", "compiled")] * len(kernels), entries
+    assert [e["config"]["name"] for e in entries] == kernels
+    for entry in entries:
+        assert entry["kernel"].startswith("fact_attention_f32_causal_d96_"), entry["kernel"]
+        assert entry["config"]["math"] == kernels[0].rsplit("_", 1)[1]
+        symbols = subprocess.run(
+            ["nm", "-D", str(tmp_path / "run" / entry["library"])], capture_output=True, text=True
+        ).stdout
+        assert " T fact_attention_run" in symbols and " T fact_kernel_info" in symbols
     if precision == "high":
-        _check_sm80_attention_refusals(tmp_path / "run" / entry["library"])
+        _check_hopper_tf32_attention(tmp_path / "run" / entries[0]["library"])
+        _check_sm80_attention_refusals(tmp_path / "run" / entries[1]["library"])
+
+
+def _attention_args(b=2, h=8, hk=8, s=512, d=96, **override):
+    """ABI arguments: Q, K, V in place in a fused (b, s, h + 2 hk, d) buffer; O a contiguous
+    (b, s, h, d) one (fake addresses: only checked, never launched)."""
+    from fact.tune.abi import FactAttentionArgs
+
+    row = (h + 2 * hk) * d
+    fields = dict(batch=b, heads=h, kv_heads=hk, seq_q=s, seq_k=s, head_dim=d,
+                  q=1 << 20, q_stride_b=s * row, q_stride_h=d, q_stride_s=row,
+                  k=1 << 21, k_stride_b=s * row, k_stride_h=d, k_stride_s=row,
+                  v=1 << 22, v_stride_b=s * row, v_stride_h=d, v_stride_s=row,
+                  o=1 << 23, o_stride_b=s * h * d, o_stride_h=d, o_stride_s=h * d,
+                  scale=0.1, sm_count=0)  # fmt: skip
+    fields.update(override)
+    return FactAttentionArgs(**fields)
+
+
+def _check_hopper_tf32_attention(library) -> None:
+    """The Hopper FMHA in TF32 on the CPU: its info says TF32; its workspace holds V transposed
+    (keys padded to 16 bytes, at a 256-byte boundary) before the softmax statistics; unlike the
+    sm80 kernel it takes grouped-query K/V and a (B, H, S, D) output."""
+    from fact.tune.abi import KernelLibrary, Status
+
+    lib = KernelLibrary(library)
+    assert lib.info["math"] == "tf32" and lib.info["config"]["schedule"] == "cooperative"
+    assert "out_layouts" not in lib.info and "kv_heads" not in lib.info
+    vt = 2 * 8 * 96 * 512 * 4
+    assert lib.attention_workspace_size(_attention_args()) == vt + 2 * 8 * 512 * 4
+    vt_ragged = 2 * 2 * 96 * 504 * 4  # 501 keys padded to 504, over 2 K/V heads
+    lse = 2 * 8 * 501 * 4
+    got = lib.attention_workspace_size(_attention_args(hk=2, s=501))
+    assert got == (vt_ragged + 255) // 256 * 256 + lse
+    assert lib.attention_can_implement(_attention_args(hk=2)) == Status.OK
+    bhsd = _attention_args(o_stride_h=512 * 96, o_stride_s=96)
+    assert lib.attention_can_implement(bhsd) == Status.OK
+    refused = lib.attention_can_implement(_attention_args(d=128))
+    assert refused == Status.NOT_SUPPORTED and "at most 96" in lib.last_error()
+    too_long = _attention_args(hk=1, d=64, s=2_097_121)  # 65536 key tiles for the transpose's grid
+    assert lib.attention_can_implement(too_long) == Status.NOT_SUPPORTED
+    assert "the V transpose's grid" in lib.last_error(), lib.last_error()
 
 
 def _check_sm80_attention_refusals(library) -> None:
     """fact_attention_can_implement of an sm80 kernel (q32: 32-query blocks) on the CPU: what
     its addressing cannot do is refused with a reason, before anything is launched."""
-    from fact.tune.abi import FactAttentionArgs, KernelLibrary, Status
+    from fact.tune.abi import KernelLibrary, Status
 
     lib = KernelLibrary(library)
     assert lib.info["math"] == "tf32" and lib.info["config"]["block_q"] == 32
-
-    def args(b=2, h=8, hk=8, s=512, d=96, **override):
-        # Q, K, V in place in a fused (b, s, h + 2 hk, d) buffer; O a contiguous (b, s, h, d)
-        row = (h + 2 * hk) * d
-        fields = dict(batch=b, heads=h, kv_heads=hk, seq_q=s, seq_k=s, head_dim=d,
-                      q=1 << 20, q_stride_b=s * row, q_stride_h=d, q_stride_s=row,
-                      k=1 << 21, k_stride_b=s * row, k_stride_h=d, k_stride_s=row,
-                      v=1 << 22, v_stride_b=s * row, v_stride_h=d, v_stride_s=row,
-                      o=1 << 23, o_stride_b=s * h * d, o_stride_h=d, o_stride_s=h * d,
-                      scale=0.1, sm_count=0)  # fmt: skip
-        fields.update(override)
-        return FactAttentionArgs(**fields)
+    args = _attention_args
 
     assert lib.attention_can_implement(args()) == Status.OK
     assert lib.attention_can_implement(args(h=64, hk=1)) == Status.OK  # two whole blocks

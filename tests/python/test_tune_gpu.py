@@ -411,7 +411,9 @@ ATTENTION_PROBLEMS = {
 }
 
 #: realized run -> (problem, --dtype, float32 matmul precision). bf16 runs Hopper's FMHA; fp32
-#: the sm80 kernel in TF32 ("high") or 3xTF32 ("highest") math.
+#: under "high" Hopper's FMHA and the sm80 kernel in TF32 (one candidate each; grouped-query
+#: attention, which the sm80 kernel cannot read, Hopper's only), under "highest" the sm80
+#: kernel in 3xTF32.
 ATTENTION_RUNS = {
     "causal_fused": ("causal_fused", "bf16", "highest"),
     "gqa": ("gqa", "bf16", "highest"),
@@ -419,6 +421,7 @@ ATTENTION_RUNS = {
     "scaled": ("scaled", "bf16", "highest"),
     "causal_fused-fp32-high": ("causal_fused", "fp32", "high"),
     "mqa-fp32-high": ("mqa", "fp32", "high"),
+    "gqa-fp32-high": ("gqa", "fp32", "high"),
     "scaled-fp32-high": ("scaled", "fp32", "high"),
     "causal_fused-fp32-highest": ("causal_fused", "fp32", "highest"),
 }
@@ -437,6 +440,8 @@ ATTENTION_CASES = [
     # head dim 80 on the kernel built for 96 (kMaxK is an upper bound)
     ("fp32-tf32-d80", "causal_fused-fp32-high", {"head_dim": 80, "head_dim_v": 80}, {}),
     ("fp32-tf32-mqa", "mqa-fp32-high", None, {"dtype": "f32", "kv_heads": 1}),
+    ("fp32-tf32-gqa-h8-kv2-d128", "gqa-fp32-high", None, {"dtype": "f32", "kv_heads": 2}),
+    ("fp32-tf32-gqa-ragged-seq500", "gqa-fp32-high", {"seq_q": 500, "seq_k": 500}, {}),
     # the sm80 kernel's own path for a block left with one query over a shared K/V head (it
     # takes the heads as rows and drops the mask): 321 = 10 x 32 + 1 = 5 x 64 + 1 tokens, and
     # causal with fewer queries than keys (query 32 alone in its block must stop at its diagonal)
@@ -534,9 +539,14 @@ def test_realized_attention_kernels_pass(realized_attention, run, sizes, expect)
     built = [e for e in entries if e.get("library")]
     assert built, f"the engine built no attention kernel: {entries} {log[-2000:]}"
     assert all(e.get("family", "attention") == "attention" for e in built)
-    if dtype == "fp32":  # the sm80 kernel, in the math the precision allows
-        math = "3xtf32" if precision == "highest" else "tf32"
-        assert all(e["kernel"].endswith(f"_ms_{math}") for e in built), built
+    if dtype == "fp32" and precision == "highest":  # the sm80 kernel, fp32-accurate
+        assert all(e["kernel"].endswith("_ms_3xtf32") for e in built), built
+    elif dtype == "fp32":  # TF32: Hopper's FMHA and the sm80 kernel where it can read the K/V heads
+        kinds = sorted("sm80" if e["kernel"].endswith("_ms_tf32") else "hopper" for e in built)
+        p = pattern["problem"]
+        sm80 = p["kv_heads"] in (p["heads"], 1)
+        assert kinds == (["hopper", "sm80"] if sm80 else ["hopper", "hopper"]), built
+        assert all(e["kernel"].endswith("_tf32") for e in built), built
     rows = tune(pattern, built, precision, problem=sizes)  # fault-isolated
     base, *kernels = rows
     assert base["kernel"] == "pytorch" and base["disposition"] == "passed", base["message"]

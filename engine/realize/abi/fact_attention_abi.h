@@ -33,7 +33,8 @@ typedef struct FactAttentionArgs {
 } FactAttentionArgs;
 
 int fact_attention_can_implement(const FactAttentionArgs* args);
-/* Scratch the kernel needs (the rows' log-sum-exp, float per (batch, head, query)). */
+/* Scratch the kernel needs, 16-byte aligned: the rows' log-sum-exp (float per (batch, head,
+ * query)) and, for a TF32 Hopper kernel, a transposed copy of V (its size). */
 size_t fact_attention_workspace_size(const FactAttentionArgs* args);
 int fact_attention_run(const FactAttentionArgs* args, void* workspace, size_t workspace_bytes, void* stream);
 

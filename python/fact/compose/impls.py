@@ -494,12 +494,12 @@ class SdpaAttention(Impl):
 
 
 class AttentionImpl(Impl):
-    """A generated fused attention kernel (backend cutlass: CUTLASS's Hopper FMHA, or its sm80
-    kernel for f32, built by realize) or its PyTorch twin (backend reference), through
-    fact::attention, for both attention rules. Q, K and V are read in place from the graph's
-    views; grouped-query K/V repeated in the region (repeat_kv) are read un-repeated; the output
-    is written in (batch, seq, heads, dim) order, so merging the heads afterwards copies
-    nothing."""
+    """A generated fused attention kernel (backend cutlass: CUTLASS's Hopper FMHA, also in TF32
+    for f32, or its sm80 kernel for f32, built by realize) or its PyTorch twin (backend
+    reference), through fact::attention, for both attention rules. Q, K and V are read in place
+    from the graph's views; grouped-query K/V repeated in the region (repeat_kv) are read
+    un-repeated; the output is written in (batch, seq, heads, dim) order, so merging the heads
+    afterwards copies nothing."""
 
     def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
         _attention_steps(pattern)

@@ -74,9 +74,9 @@ class NormKernel:
 
 @dataclass
 class AttentionKernel:
-    """A fused attention kernel, forward (abi/fact_attention_abi.h: CUTLASS's Hopper FMHA or, for
-    f32, its sm80 kernel), or
-    its PyTorch twin (backend reference): softmax(scale * Q K^T (+ causal mask)) V."""
+    """A fused attention kernel, forward (abi/fact_attention_abi.h: CUTLASS's Hopper FMHA, also
+    in TF32 for f32, or its sm80 kernel for f32), or its PyTorch twin (backend reference):
+    softmax(scale * Q K^T (+ causal mask)) V."""
 
     causal: bool  # top-left aligned, as PyTorch's is_causal
     scale: float

@@ -47,7 +47,8 @@ FAMILY = "attention"
 #: The problem's sizes (docs/plan-format.md); a problem override may set any of them.
 PROBLEM_KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "head_dim_v")
 #: Q/K/V/O element types the kernels are generated for (engine/realize/attention.cpp): bf16 and
-#: f16 by Hopper's FMHA, f32 by the sm80 kernel (TF32 or 3xTF32 math, by precision).
+#: f16 by Hopper's FMHA; f32 by Hopper's FMHA in TF32 or the sm80 kernel in TF32 where the
+#: precision allows TF32, by the sm80 kernel in 3xTF32 under "highest".
 DTYPES = ("bf16", "f16", "f32")
 #: Pattern steps a fused attention kernel computes (dropout: identity in inference).
 STEPS = ("scale", "causal_mask", "softmax", "dropout")

@@ -2,7 +2,7 @@
 // Kernel fact_attention_bf16_causal_d96_affa6865b0_q128kv128_coop_s5:
 // CUTLASS's Hopper fused multi-head attention (examples/88_hopper_fmha: TMA loads,
 // warp-specialized WGMMA, online softmax in registers), cooperative schedule, tile
-// 128 queries x 128 keys x head dim 96, 5 K/V stages.
+// 128 queries x 128 keys x head dim 96, 5 K/V stages; bf16 MMAs, fp32 accumulation.
 // Q, K, V and O are read and written through their own strides; grouped-query attention runs
 // one launch per query head of a group (each reads its K/V heads in place), the launches side
 // by side on streams forked from the caller's, so one launch's tail overlaps the others.
@@ -18,6 +18,47 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.h"
 
+#include "collective/fmha_common.hpp"
+
+namespace cutlass::fmha::collective {
+
+// The P @ V operand from the Q @ K^T accumulator, for 32-bit (TF32) operands; the collective's
+// own version covers 16- and 8-bit ones. In each 8-key block, thread t of a quad holds keys 2t
+// and 2t + 1 of its rows g and g + 8 in the accumulator (CuTe's CLayout_64xN); a TF32 WGMMA
+// takes A from registers as keys t and t + 4 (ALayout_64x8). Two shuffles within the quad move
+// each pair; the values are rounded to TF32 on the way, as the 16-bit path rounds to bf16.
+template <class Element, class Engine, class Layout, class OperandLayout_TV,
+          std::enable_if_t<sizeof(Element) == 4, int> = 0>
+CUTE_DEVICE auto make_acc_into_op(cute::Tensor<Engine, Layout> const& acc, OperandLayout_TV const&) {
+  using namespace cute;
+  // accumulator: ((2 keys, 2 rows, key blocks), 1, 1) per thread; operand: 4 values a thread,
+  // thread 1's values at (row, key) (0, 1), (8, 1), (0, 5) of the 64-row block
+  static_assert(size<0, 0>(Layout{}) == 2 && size<0, 1>(Layout{}) == 2 && size<1>(Layout{}) == 1 &&
+                size<2>(Layout{}) == 1);
+  static_assert(size<1>(OperandLayout_TV{}) == 4 && OperandLayout_TV{}(1, 0) == 64 &&
+                OperandLayout_TV{}(1, 1) == 72 && OperandLayout_TV{}(1, 2) == 320);
+  constexpr int kBlocks = size<0, 2>(Layout{});
+  Tensor operand = make_tensor<Element>(make_layout(make_shape(make_shape(_2{}, _2{}), _1{}, Int<kBlocks>{})));
+  const int t = threadIdx.x % 4;
+  const int from_first = (0x3120 >> (t * 4)) & 0xF;   // t = 0 1 2 3 reads 0 2 1 3,
+  const int from_second = (0x1302 >> (t * 4)) & 0xF;  // then 2 0 3 1
+  const bool even = t % 2 == 0;
+  CUTE_UNROLL
+  for (int j = 0; j < kBlocks; ++j) {
+    CUTE_UNROLL
+    for (int row = 0; row < 2; ++row) {  // rows g, g + 8
+      const float lo = acc(4 * j + 2 * row), hi = acc(4 * j + 2 * row + 1);  // keys 2t, 2t + 1
+      const float first = __shfl_sync(0xffffffff, t < 2 ? lo : hi, from_first, 4);
+      const float second = __shfl_sync(0xffffffff, t < 2 ? hi : lo, from_second, 4);
+      operand(4 * j + row) = static_cast<Element>(even ? first : second);       // key t
+      operand(4 * j + 2 + row) = static_cast<Element>(even ? second : first);  // key t + 4
+    }
+  }
+  return operand;
+}
+
+}  // namespace cutlass::fmha::collective
+
 #include "collective/fmha_fusion.hpp"
 #include "device/device_universal.hpp"
 #include "kernel/fmha_kernel_builder.hpp"
@@ -30,24 +71,43 @@ namespace fact_attention {
 
 using namespace cute;
 
-using Element = cutlass::bfloat16_t;
+using Element = cutlass::bfloat16_t;      // Q, K, V and O in memory
+using ElementMma = cutlass::bfloat16_t;  // as the MMAs read them
 using Accumulator = float;
 using TileShape = Shape<Int<128>, Int<128>, Int<96>>;  // BlockQ, BlockKV, head dim
 using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // (seq, dim, (batch, head))
 using StrideLSE = cute::tuple<_1, cute::tuple<int, int>>;   // (seq, (batch, head))
+// TF32 WGMMAs read shared memory K-major only: for P @ V that is V with its keys contiguous, a
+// transposed copy in the workspace, (dim, keys) per (batch, head), keys padded to 16 bytes.
+constexpr bool kTransposeV = false;
+using StrideV = std::conditional_t<kTransposeV, cute::tuple<_1, int, cute::tuple<int, int>>, StrideQKVO>;
 using Fusion = cutlass::fmha::collective::CausalFusion;
 constexpr bool kCausal = true;
-constexpr bool kPersistent = false;  // the ping-pong schedule's tile scheduler
+constexpr bool kPersistent = false;  // the ping-pong schedule: persistent, Q loaded apart
 constexpr int kHeadDim = 96;
 constexpr int kAlignment = 16 / sizeof(Element);
 
-using Kernel = typename cutlass::fmha::kernel::FmhaBuilder<
-    Element, Accumulator, Accumulator, TileShape, StrideQKVO, StrideQKVO, StrideQKVO, Fusion,
-    cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+// FmhaBuilder's cooperative assembly, with the output in its own type (a TF32 kernel writes fp32).
+using Options = cute::tuple<
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, Int<5>>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups, Int<2>>,
-    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked, cute::false_type>>::Kernel;
+    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked, cute::false_type>,
+    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::bool_constant<kPersistent>>,
+    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kLoadsQSeparately, cute::bool_constant<kPersistent>>>;
+template <class... O>
+struct Assemble;
+template <class... O>
+struct Assemble<cute::tuple<O...>> {
+  using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+      ElementMma, Accumulator, Accumulator, TileShape, StrideQKVO, StrideQKVO, StrideV, Fusion, O...>;
+  using Epilogue = cutlass::fmha::collective::FmhaFwdEpilogue<Element, Accumulator, typename Mainloop::TileShapePV>;
+  using Scheduler = std::conditional_t<kPersistent, cutlass::fmha::kernel::PersistentTileScheduler,
+                                       cutlass::fmha::kernel::IndividualTileScheduler>;
+  using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler, O...>;
+};
+using Kernel = Assemble<Options>::Kernel;
 using Operation = cutlass::device::Universal<Kernel>;
+static_assert(Kernel::SharedStorageSize <= 227 * 1024, "the config's tiles exceed Hopper's shared memory");
 
 thread_local char g_error[512] = "";
 
@@ -62,6 +122,50 @@ bool stride_ok(int64_t v) { return fits(v) && v % kAlignment == 0; }
 
 size_t lse_bytes(const FactAttentionArgs* a) {
   return static_cast<size_t>(a->batch * a->heads * a->seq_q) * sizeof(float);
+}
+
+// The transposed V's row: the keys, padded to 16 bytes (TMA strides).
+int64_t vt_row(const FactAttentionArgs* a) { return (a->seq_k + kAlignment - 1) / kAlignment * kAlignment; }
+
+size_t vt_bytes(const FactAttentionArgs* a) {
+  if (!kTransposeV) return 0;
+  return static_cast<size_t>(a->batch * a->kv_heads * a->head_dim * vt_row(a)) * sizeof(Element);
+}
+
+size_t lse_offset(const FactAttentionArgs* a) { return (vt_bytes(a) + 255) / 256 * 256; }  // V^T first
+
+// V's strides as the kernel reads it: in place, or the transposed copy's.
+template <bool kTransposed>
+auto v_stride(const FactAttentionArgs* a, int row) {
+  if constexpr (kTransposed) {
+    const int d = static_cast<int>(a->head_dim), hk = static_cast<int>(a->kv_heads);
+    return make_stride(_1{}, row, make_stride(hk * d * row, d * row));
+  } else {
+    return make_stride(static_cast<int>(a->v_stride_s), _1{},
+                       make_stride(static_cast<int>(a->v_stride_b), static_cast<int>(a->v_stride_h)));
+  }
+}
+
+// vt[(b, h)][d][s] = v[b, s, h, d]: 32 x 32 tiles through shared memory, both sides coalesced.
+// Each value is rounded to the MMA's type on the way (TF32: to nearest; the WGMMA would drop the
+// low bits of an fp32 value, shrinking every V a little and so every output).
+constexpr int kTile = 32;
+__global__ void transpose_v(const Element* __restrict__ v, Element* __restrict__ vt, int kv_heads, int seq,
+                            int dim, int64_t row, int64_t stride_b, int64_t stride_h, int64_t stride_s) {
+  __shared__ Element tile[kTile][kTile + 1];
+  const int bh = blockIdx.x, b = bh / kv_heads, h = bh % kv_heads;  // x: up to 2^31 - 1 blocks
+  const int s0 = blockIdx.y * kTile, d0 = blockIdx.z * kTile;
+  const Element* src = v + b * stride_b + h * stride_h;
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int s = s0 + i, d = d0 + threadIdx.x;
+    if (s < seq && d < dim) tile[i][threadIdx.x] = src[s * stride_s + d];
+  }
+  __syncthreads();
+  Element* dst = vt + static_cast<int64_t>(bh) * dim * row;
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int d = d0 + i, s = s0 + threadIdx.x;
+    if (s < seq && d < dim) dst[d * row + s] = static_cast<Element>(ElementMma(tile[threadIdx.x][i]));
+  }
 }
 
 // The kernel needs more than 48 KiB of shared memory: allowed once per device.
@@ -200,6 +304,12 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
   if (!fits(group * a->q_stride_h) || !fits(group * a->o_stride_h)) {
     return fail(FACT_NOT_SUPPORTED, "head strides times the group size beyond int32");
   }
+  if (kTransposeV && !fits(a->kv_heads * a->head_dim * vt_row(a))) {
+    return fail(FACT_NOT_SUPPORTED, "kv_heads x head_dim x seq_k beyond int32 (the transposed V's batch stride)");
+  }
+  if (kTransposeV && (a->seq_k + kTile - 1) / kTile > 65535) {
+    return fail(FACT_NOT_SUPPORTED, "seq_k above 2097120 (the V transpose's grid)");
+  }
   if (!aligned(a->q) || !aligned(a->k) || !aligned(a->v) || !aligned(a->o)) {
     return fail(FACT_NOT_SUPPORTED, "q, k, v and o must start on 16-byte boundaries (TMA)");
   }
@@ -207,14 +317,17 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
 }
 
 __attribute__((visibility("default"))) size_t fact_attention_workspace_size(const FactAttentionArgs* a) {
-  return a ? lse_bytes(a) : 0;
+  return a ? lse_offset(a) + lse_bytes(a) : 0;
 }
 
 __attribute__((visibility("default"))) int fact_attention_run(const FactAttentionArgs* a, void* workspace,
                                                               size_t workspace_bytes, void* stream) {
   int status = fact_attention_can_implement(a);
   if (status != FACT_OK) return status;
-  if (workspace_bytes < lse_bytes(a) || !workspace) return fail(FACT_WORKSPACE_TOO_SMALL, "workspace too small");
+  if (workspace_bytes < lse_offset(a) + lse_bytes(a) || !workspace) {
+    return fail(FACT_WORKSPACE_TOO_SMALL, "workspace too small");
+  }
+  if (!aligned(workspace)) return fail(FACT_INVALID_ARGS, "the workspace must start on a 16-byte boundary");
   cudaError_t err = allow_shared_memory();
   if (err != cudaSuccess) {
     std::snprintf(g_error, sizeof g_error, "cudaFuncSetAttribute: %s", cudaGetErrorString(err));
@@ -231,8 +344,20 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
     hw.device_id = device;
     hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
   }
-  float* lse = static_cast<float*>(workspace);
+  float* lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + lse_offset(a));
   cudaStream_t caller = static_cast<cudaStream_t>(stream);
+  auto* vt = static_cast<Element*>(workspace);
+  const int row = static_cast<int>(vt_row(a));
+  if (kTransposeV) {  // on the caller's stream, before the group forks from it
+    const dim3 grid(b * hk, (sk + kTile - 1) / kTile, (d + kTile - 1) / kTile);
+    transpose_v<<<grid, dim3(kTile, 8), 0, caller>>>(static_cast<const Element*>(a->v), vt, hk, sk, d, row,
+                                                      a->v_stride_b, a->v_stride_h, a->v_stride_s);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) {
+      std::snprintf(g_error, sizeof g_error, "transposing V: %s", cudaGetErrorString(err));
+      return FACT_CUDA_ERROR;
+    }
+  }
   SideStreams* side = nullptr;
   const int sides = group > 1 ? fork_side_streams(caller, std::min(group - 1, kSideStreams), &side) : 0;
   int status_out = FACT_OK;
@@ -246,14 +371,14 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
                             make_stride(static_cast<int>(a->q_stride_b), static_cast<int>(group * a->q_stride_h)));
     StrideQKVO dk = make_stride(static_cast<int>(a->k_stride_s), _1{},
                             make_stride(static_cast<int>(a->k_stride_b), static_cast<int>(a->k_stride_h)));
-    StrideQKVO dv = make_stride(static_cast<int>(a->v_stride_s), _1{},
-                            make_stride(static_cast<int>(a->v_stride_b), static_cast<int>(a->v_stride_h)));
+    const StrideV dv = v_stride<kTransposeV>(a, row);
     StrideQKVO dout = make_stride(static_cast<int>(a->o_stride_s), _1{},
                               make_stride(static_cast<int>(a->o_stride_b), static_cast<int>(group * a->o_stride_h)));
     StrideLSE dlse = make_stride(_1{}, make_stride(hk * sq, sq));
     typename Kernel::Arguments args{
         make_tuple(b, hk, sq, sk, d),
-        {q, dq, static_cast<const Element*>(a->k), dk, static_cast<const Element*>(a->v), dv},
+        {reinterpret_cast<const ElementMma*>(q), dq, static_cast<const ElementMma*>(a->k), dk,
+         static_cast<const ElementMma*>(kTransposeV ? vt : a->v), dv},
         {o, dout, lse + static_cast<size_t>(g) * b * hk * sq, dlse},
         hw};
     auto params = Kernel::to_underlying_arguments(args, nullptr);
