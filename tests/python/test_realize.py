@@ -287,7 +287,7 @@ def _check_hopper_tf32_attention(library) -> None:
     assert lib.attention_can_implement(bhsd) == Status.OK
     refused = lib.attention_can_implement(_attention_args(d=128))
     assert refused == Status.NOT_SUPPORTED and "at most 96" in lib.last_error()
-    too_long = _attention_args(hk=1, d=64, s=2_097_121)  # 65536 key tiles for the transpose's grid
+    too_long = _attention_args(h=1, hk=1, d=64, s=4_194_241)  # 65536 key tiles for the transpose
     assert lib.attention_can_implement(too_long) == Status.NOT_SUPPORTED
     assert "the V transpose's grid" in lib.last_error(), lib.last_error()
 

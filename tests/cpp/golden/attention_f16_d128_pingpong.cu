@@ -16,6 +16,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/array.h"
 #include "cutlass/kernel_hardware_info.h"
 
 #include "collective/fmha_common.hpp"
@@ -146,25 +147,37 @@ auto v_stride(const FactAttentionArgs* a, int row) {
   }
 }
 
-// vt[(b, h)][d][s] = v[b, s, h, d]: 32 x 32 tiles through shared memory, both sides coalesced.
-// Each value is rounded to the MMA's type on the way (TF32: to nearest; the WGMMA would drop the
-// low bits of an fp32 value, shrinking every V a little and so every output).
-constexpr int kTile = 32;
-__global__ void transpose_v(const Element* __restrict__ v, Element* __restrict__ vt, int kv_heads, int seq,
-                            int dim, int64_t row, int64_t stride_b, int64_t stride_h, int64_t stride_s) {
-  __shared__ Element tile[kTile][kTile + 1];
+// vt[(b, h)][d][s] = v[b, s, h, d]: tiles of 64 keys x 32 dims through shared memory, 16-byte
+// loads and stores on both sides (32 x 32 tiles of single values ran at 2.1 TB/s on the H200);
+// the padding keys get zeros. Each value is rounded to the MMA's type on the way (TF32: to
+// nearest; the WGMMA would drop the low bits of an fp32 value, shrinking every V a little and
+// so every output).
+constexpr int kTileS = 64, kTileD = 32, kVec = 16 / sizeof(Element);
+using Vec = cutlass::AlignedArray<Element, kVec>;
+__global__ void __launch_bounds__(256) transpose_v(const Element* __restrict__ v, Element* __restrict__ vt,
+                                                   int kv_heads, int seq, int dim, int64_t row, int64_t stride_b,
+                                                   int64_t stride_h, int64_t stride_s) {
+  __shared__ Element tile[kTileD][kTileS + 1];
   const int bh = blockIdx.x, b = bh / kv_heads, h = bh % kv_heads;  // x: up to 2^31 - 1 blocks
-  const int s0 = blockIdx.y * kTile, d0 = blockIdx.z * kTile;
+  const int s0 = blockIdx.y * kTileS, d0 = blockIdx.z * kTileD;
   const Element* src = v + b * stride_b + h * stride_h;
-  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-    const int s = s0 + i, d = d0 + threadIdx.x;
-    if (s < seq && d < dim) tile[i][threadIdx.x] = src[s * stride_s + d];
+  for (int i = threadIdx.x; i < kTileS * (kTileD / kVec); i += blockDim.x) {
+    const int r = i / (kTileD / kVec), c = i % (kTileD / kVec) * kVec;  // key r, dims c..c+kVec
+    const int s = s0 + r, d = d0 + c;                                   // dim is a multiple of kVec
+    Vec x;
+    x.fill(Element(0));
+    if (s < seq && d < dim) x = *reinterpret_cast<const Vec*>(src + s * stride_s + d);
+    for (int j = 0; j < kVec; ++j) tile[c + j][r] = x[j];
   }
   __syncthreads();
   Element* dst = vt + static_cast<int64_t>(bh) * dim * row;
-  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-    const int d = d0 + i, s = s0 + threadIdx.x;
-    if (s < seq && d < dim) dst[d * row + s] = static_cast<Element>(ElementMma(tile[threadIdx.x][i]));
+  for (int i = threadIdx.x; i < kTileD * (kTileS / kVec); i += blockDim.x) {
+    const int r = i / (kTileS / kVec), c = i % (kTileS / kVec) * kVec;  // dim r, keys c..c+kVec
+    const int d = d0 + r, s = s0 + c;                                   // row is a multiple of kVec
+    if (d >= dim || s >= row) continue;
+    Vec y;
+    for (int j = 0; j < kVec; ++j) y[j] = static_cast<Element>(ElementMma(tile[r][c + j]));
+    *reinterpret_cast<Vec*>(dst + d * row + s) = y;
   }
 }
 
@@ -307,8 +320,8 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
   if (kTransposeV && !fits(a->kv_heads * a->head_dim * vt_row(a))) {
     return fail(FACT_NOT_SUPPORTED, "kv_heads x head_dim x seq_k beyond int32 (the transposed V's batch stride)");
   }
-  if (kTransposeV && (a->seq_k + kTile - 1) / kTile > 65535) {
-    return fail(FACT_NOT_SUPPORTED, "seq_k above 2097120 (the V transpose's grid)");
+  if (kTransposeV && (a->seq_k + kTileS - 1) / kTileS > 65535) {
+    return fail(FACT_NOT_SUPPORTED, "seq_k above 4194240 (the V transpose's grid)");
   }
   if (!aligned(a->q) || !aligned(a->k) || !aligned(a->v) || !aligned(a->o)) {
     return fail(FACT_NOT_SUPPORTED, "q, k, v and o must start on 16-byte boundaries (TMA)");
@@ -349,8 +362,8 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
   auto* vt = static_cast<Element*>(workspace);
   const int row = static_cast<int>(vt_row(a));
   if (kTransposeV) {  // on the caller's stream, before the group forks from it
-    const dim3 grid(b * hk, (sk + kTile - 1) / kTile, (d + kTile - 1) / kTile);
-    transpose_v<<<grid, dim3(kTile, 8), 0, caller>>>(static_cast<const Element*>(a->v), vt, hk, sk, d, row,
+    const dim3 grid(b * hk, (sk + kTileS - 1) / kTileS, (d + kTileD - 1) / kTileD);
+    transpose_v<<<grid, 256, 0, caller>>>(static_cast<const Element*>(a->v), vt, hk, sk, d, row,
                                                       a->v_stride_b, a->v_stride_h, a->v_stride_s);
     err = cudaGetLastError();
     if (err != cudaSuccess) {
