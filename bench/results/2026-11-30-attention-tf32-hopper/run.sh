@@ -69,3 +69,36 @@ cat $OUT/att32b/*.md 2>/dev/null | grep -E "^\| attention" | cut -c1-260 | head 
 timeout $(( 560 - ($(date +%s) - t0) )) scripts/gpu_bench.sh minigpt-tf32 > $OUT/minigpt-tf32.out 2>&1; echo "minigpt-tf32 rc=$? $(( $(date +%s) - t0 )) s"
 sed -n '/| module/,/^$/p' $OUT/minigpt-tf32/report.md 2>/dev/null | head -7 | cut -d'|' -f2-7
 grep -E "attention" $OUT/minigpt-tf32/report.md | tail -1 | cut -c1-300
+
+# ---- .device/run_a5.sh (results in profile/: the final revision's kernels before the transpose change)
+# Session 9, device call 5: the MiniGPT TF32 block with --profile (where the 0.25 ms between
+# patterns goes).
+set -uo pipefail
+mkdir -p .gpu/cutlass && tar xzf .device/cutlass.tgz -C .gpu/cutlass
+export CUTLASS_DIR=$PWD/.gpu/cutlass FACT_ENGINE=$PWD/.device/bin/fact-engine FACT_CACHE_DIR=$PWD/.gpu/cache5 \
+  FACT_REGISTRY=$PWD/.gpu/registry5.db RUNS=$PWD/.gpu/runs PYTHON=python3 PYTHONPATH=$PWD/python BENCH_FLAGS=--profile
+O=$OUT; mkdir -p $O/r; trap 'cd $O && tar czf res.tgz r && rm -rf r' EXIT; export OUT=$O/r
+t0=$(date +%s)
+timeout 400 scripts/gpu_bench.sh minigpt-tf32 > $OUT/minigpt-tf32.out 2>&1; echo "minigpt-tf32 rc=$? $(( $(date +%s) - t0 )) s"
+sed -n '/| module/,/^$/p' $OUT/minigpt-tf32/report.md 2>/dev/null | head -7 | cut -d'|' -f2-7
+sed -n '/GPU timeline/,$p' $OUT/minigpt-tf32/report.md | grep -v "^$" | cut -c1-220 | head -60
+
+# ---- .device/run_a6.sh (results in transpose16/; attruns: the fp32 TF32 runs realized again, the others copied from call 4)
+# Session 9, device call 6: after the V transpose moved to 16-byte accesses (64 x 32 tiles): the
+# attention GPU tests (fp32 runs realized again; bf16 and 3xTF32 runs from call 4, whose kernels
+# this change does not touch), then the MiniGPT TF32 block with --profile.
+set -uo pipefail
+mkdir -p .gpu/cutlass && tar xzf .device/cutlass.tgz -C .gpu/cutlass && rm -rf .device/attruns && tar xzf .device/attruns.tgz -C .device
+export CUTLASS_DIR=$PWD/.gpu/cutlass FACT_ENGINE=$PWD/.device/bin/fact-engine FACT_CACHE_DIR=$PWD/.gpu/cache6 \
+  FACT_REGISTRY=$PWD/.gpu/registry6.db RUNS=$PWD/.gpu/runs PYTHON=python3 PYTHONPATH=$PWD/python
+O=$OUT; mkdir -p $O/r; trap 'cd $O && tar czf res.tgz r && rm -rf r' EXIT; export OUT=$O/r
+t0=$(date +%s)
+FACT_TEST_ATTENTION_RUNS=$PWD/.device/attruns timeout 150 scripts/gpu_tests.sh -k "realized_attention" -s \
+  > $OUT/gpu_tests_tune_attention.log 2>&1; echo "tune-attention rc=$? $(( $(date +%s) - t0 )) s"
+grep -E "passed|failed|error" $OUT/gpu_tests_tune_attention.log | tail -3
+grep -E "^FAILED|^ERROR" $OUT/gpu_tests_tune_attention.log | cut -c1-300 | head
+grep -E "^fact_attention_f32.*_tf32:.*us" $OUT/gpu_tests_tune_attention.log | sed 's/fact_attention_//' | head -20
+BENCH_FLAGS=--profile timeout $(( 380 - ($(date +%s) - t0) )) scripts/gpu_bench.sh minigpt-tf32 > $OUT/minigpt-tf32.out 2>&1; echo "minigpt-tf32 rc=$? $(( $(date +%s) - t0 )) s"
+sed -n '/| module/,/^$/p' $OUT/minigpt-tf32/report.md 2>/dev/null | head -7 | cut -d'|' -f2-7
+grep -E "attention\[" $OUT/minigpt-tf32/report.md | head -1 | cut -c1-300
+grep -E "^\| .(fact_attention|void cutlass::device_kernel<cutlass::fmha|.anonymous namespace.::fact_norm)" $OUT/minigpt-tf32/report.md | head -4 | cut -c1-200
