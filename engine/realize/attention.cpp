@@ -77,15 +77,17 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
     throw NotSupported("heads " + std::to_string(s.heads) + " is not a multiple of kv_heads " +
                        std::to_string(s.kv_heads));
   }
-  if (s.sm80() && s.head_dim > 128) {
-    s.sm80_refusal = "head dim " + std::to_string(s.head_dim) + " (the sm80 kernel: at most 128)";
-  } else if (s.sm80() && a.value("out_layout", "bs(hd)") != "bs(hd)") {
-    s.sm80_refusal = "output layout " + a.value("out_layout", std::string()) +
-                     " (the sm80 kernel writes a contiguous (batch, seq, heads, dim) output only)";
-  } else if (s.sm80() && s.kv_heads != s.heads && s.kv_heads != 1) {
-    s.sm80_refusal = "grouped-query attention, " + std::to_string(s.heads) + " query heads over " +
-                     std::to_string(s.kv_heads) +
-                     " K/V heads (the sm80 kernel reads one K/V head per query head, or one for all)";
+  if (s.f32()) {
+    if (s.head_dim > 128) {
+      s.sm80_refusal = "head dim " + std::to_string(s.head_dim) + " (the sm80 kernel: at most 128)";
+    } else if (a.value("out_layout", "bs(hd)") != "bs(hd)") {
+      s.sm80_refusal = "output layout " + a.value("out_layout", std::string()) +
+                       " (the sm80 kernel writes a contiguous (batch, seq, heads, dim) output only)";
+    } else if (s.kv_heads != s.heads && s.kv_heads != 1) {
+      s.sm80_refusal = "grouped-query attention, " + std::to_string(s.heads) + " query heads over " +
+                       std::to_string(s.kv_heads) +
+                       " K/V heads (the sm80 kernel reads one K/V head per query head, or one for all)";
+    }
   }
   if (s.causal && s.seq_q > s.seq_k) {
     throw NotSupported("causal attention with more queries (" + std::to_string(s.seq_q) + ") than keys (" +
@@ -97,14 +99,14 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
   // The sm80 kernel's kMaxK bounds the head dim, sizes Q's shared-memory buffers and keeps the
   // output in registers when one key tile covers it: the head dim rounded up to 32, its K step
   // (96 stays 96; 128 ran 4 % slower at the MiniGPT shape).
-  s.kernel_head_dim = s.sm80() ? (s.head_dim + 31) / 32 * 32 : (s.head_dim + 15) / 16 * 16;
+  s.kernel_head_dim = s.f32() ? (s.head_dim + 31) / 32 * 32 : (s.head_dim + 15) / 16 * 16;
   return s;
 }
 
 std::string AttentionSpec::id() const { return short_hash(json({dtype, causal, kernel_head_dim}).dump()); }
 
 std::string AttentionConfig::name() const {
-  if (schedule == "multistage") {
+  if (sm80()) {
     return "q" + std::to_string(block_q) + "kv" + std::to_string(block_kv) + "_ms_" + math;
   }
   std::string n = "q" + std::to_string(block_q) + "kv" + std::to_string(block_kv) + "_" +
@@ -116,7 +118,7 @@ std::string AttentionConfig::name() const {
 }
 
 json AttentionConfig::to_json() const {
-  if (schedule == "multistage") {
+  if (sm80()) {
     return {{"name", name()}, {"block_q", block_q}, {"block_kv", block_kv}, {"schedule", schedule}, {"math", math}};
   }
   json j = {{"name", name()},         {"block_q", block_q},       {"block_kv", block_kv},
@@ -127,8 +129,8 @@ json AttentionConfig::to_json() const {
 }
 
 int64_t attention_smem_bytes(const AttentionSpec& spec, const AttentionConfig& c) {
-  FACT_CHECK(c.schedule != "multistage", "attention_smem_bytes is the Hopper collective's");
-  const int64_t bytes = spec.dtype == "f32" ? 4 : 2;
+  FACT_CHECK(!c.sm80(), "attention_smem_bytes is the Hopper collective's");
+  const int64_t bytes = dtype_size(spec.dtype);
   const int64_t q = static_cast<int64_t>(c.block_q) * spec.kernel_head_dim;  // one stage per MMA warp group
   const int64_t kv = static_cast<int64_t>(c.stages_kv) * c.block_kv * spec.kernel_head_dim;
   // The budget reserves one epilogue buffer (64 rows x up to 64 columns of the output a warp
@@ -151,7 +153,7 @@ namespace {
 // V tiles take turns in the stages, and a warp group holds V_j until it has issued P_j+1 V_j+1
 // while K_j+1 is in use: fewer than three stages deadlock (two did, on the H200).
 std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCandidates& out) {
-  const std::string math = spec.dtype == "f32" ? "tf32" : "";
+  const std::string math = spec.f32() ? "tf32" : "";
   std::vector<AttentionConfig> space;
   for (const char* schedule : {"cooperative", "pingpong"}) {
     for (int block_kv : {128, 64}) {
@@ -249,8 +251,8 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
                                          const registry::Registry* reg, const std::string& precision) {
   if (arch != "sm90") throw NotSupported("fused attention is emitted for sm90 only (asked for " + arch + ")");
   AttentionCandidates out;
-  std::vector<AttentionConfig> kept = spec.sm80() ? sm80_space(spec, precision, out) : sm90_space(spec, out);
-  if (spec.sm80() && precision != "highest") {
+  std::vector<AttentionConfig> kept = spec.f32() ? sm80_space(spec, precision, out) : sm90_space(spec, out);
+  if (spec.f32() && precision != "highest") {
     // TF32 allowed: Hopper's FMHA in TF32 too. The two kernels' prior orders alternate, Hopper's
     // first; the ranked list below keeps one of each within a --candidates bound.
     const std::vector<AttentionConfig> sm80 = std::move(kept);
@@ -291,11 +293,11 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   // Two kernels for one pattern (f32 in TF32): registry rows of one kernel must not crowd the
   // other out of a --candidates bound; its best ranked config takes the bound's last place.
   if (top_n > 1 && ranked.size() > top_n) {
-    const auto sm80 = [](const RankedAttention& r) { return r.config.schedule == "multistage"; };
-    const bool first = sm80(ranked[0]);
+    const bool first = ranked[0].config.sm80();
     const auto head = ranked.begin() + static_cast<std::ptrdiff_t>(top_n);
-    if (std::all_of(ranked.begin(), head, [&](const RankedAttention& r) { return sm80(r) == first; })) {
-      const auto other = std::find_if(head, ranked.end(), [&](const RankedAttention& r) { return sm80(r) != first; });
+    const auto other_kernel = [&](const RankedAttention& r) { return r.config.sm80() != first; };
+    if (std::none_of(ranked.begin(), head, other_kernel)) {
+      const auto other = std::find_if(head, ranked.end(), other_kernel);
       if (other != ranked.end()) std::rotate(head - 1, other, other + 1);
     }
   }
@@ -323,11 +325,11 @@ json kernel_info(const AttentionSpec& spec, const AttentionConfig& c) {
 }  // namespace
 
 EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config) {
-  return config.schedule == "multistage" ? emit_attention_sm80(spec, config) : emit_attention_sm90(spec, config);
+  return config.sm80() ? emit_attention_sm80(spec, config) : emit_attention_sm90(spec, config);
 }
 
 EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConfig& c) {
-  const bool tf32 = spec.dtype == "f32";
+  const bool tf32 = spec.f32();
   FACT_CHECK(c.math == (tf32 ? "tf32" : ""), "Hopper's FMHA runs bf16 / f16, or f32 in TF32 (math '" + c.math + "')");
   FACT_CHECK(c.schedule == "cooperative" || c.schedule == "pingpong", "bad attention schedule " + c.schedule);
   FACT_CHECK(c.block_q == 64 * c.mma_warpgroups, "block_q must be 64 rows per MMA warp group");
@@ -364,8 +366,8 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
 }
 
 EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConfig& c) {
-  FACT_CHECK(spec.dtype == "f32", "the sm80 attention kernel is emitted for f32 only");
-  FACT_CHECK(c.schedule == "multistage", "bad sm80 attention schedule " + c.schedule);
+  FACT_CHECK(spec.f32(), "the sm80 attention kernel is emitted for f32 only");
+  FACT_CHECK(c.sm80(), "bad sm80 attention schedule " + c.schedule);
   FACT_CHECK(c.math == "tf32" || c.math == "3xtf32", "bad sm80 attention math '" + c.math + "'");
   FACT_CHECK(c.block_q % 32 == 0 && c.block_kv % 32 == 0 && sm80_warps(c) <= kSm80MaxWarps,
              "bad sm80 attention tile " + c.name());

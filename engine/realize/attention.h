@@ -33,13 +33,13 @@ struct AttentionSpec {
   std::string dtype;  // bf16 | f16 | f32 (Q, K, V and O)
   bool causal = false;
   int64_t head_dim = 0;         // the pattern's
-  int64_t kernel_head_dim = 0;  // the kernel's tile: head_dim rounded up to 16 (Hopper), to 32 (sm80)
+  int64_t kernel_head_dim = 0;  // the kernel's tile: head_dim rounded up to 16 (bf16, f16), to 32 (f32)
   int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_k = 0;  // the plan's problem (ranking only)
 
   static AttentionSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be
   std::string id() const;  // short stable hash of what the kernel is specialised on
-  // f32: the sm80 kernel is a candidate (under `highest` the only one)
-  bool sm80() const { return dtype == "f32"; }
+  // f32: the sm80 kernel is a candidate (under `highest` the only one), Hopper's runs in TF32
+  bool f32() const { return dtype == "f32"; }
   // Why the sm80 kernel cannot compute the pattern (f32; empty when it can): a head dim above
   // 128, an output other than a contiguous (batch, seq, heads, dim) one, grouped-query K/V.
   // Hopper's FMHA in TF32 can; under `highest` the pattern is refused.
@@ -57,6 +57,7 @@ struct AttentionConfig {
   bool mainloop_locked = false;  // Hopper: the MMA warp groups issue their GEMMs in turn
   // f32 only: tf32 (one TF32 MMA per product; Hopper or sm80) | 3xtf32 (sm80, fp32-accurate)
   std::string math;
+  bool sm80() const { return schedule == "multistage"; }  // the sm80 kernel's config, else Hopper's
   std::string name() const;
   nlohmann::json to_json() const;
 };

@@ -82,7 +82,7 @@ TEST(EmitAttention, NonCausalF16PingPongMasksTheLastKeyTile) {
 
 TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
   const auto spec = AttentionSpec::from_pattern(attention_pattern("f32", true, 96));
-  EXPECT_TRUE(spec.sm80());
+  EXPECT_TRUE(spec.f32());
   EXPECT_EQ(spec.kernel_head_dim, 96);  // the sm80 kernel's kMaxK: native, the P @ V tile is that wide
   const auto high = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "high");
   // TF32: Hopper's FMHA and the sm80 kernel, their prior orders alternating (Hopper's first:
@@ -268,7 +268,7 @@ TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
     }
     const auto high = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "high");
     ASSERT_FALSE(high.ranked.empty());
-    for (const auto& r : high.ranked) EXPECT_NE(r.config.schedule, "multistage") << r.config.name();
+    for (const auto& r : high.ranked) EXPECT_FALSE(r.config.sm80()) << r.config.name();
     size_t sm80_dropped = 0;
     for (const auto& d : high.dropped) sm80_dropped += d["reason"].get<std::string>() == spec.sm80_refusal;
     EXPECT_EQ(sm80_dropped, 6u);
