@@ -2,14 +2,13 @@
 // and its reasons, the wave-model ranking, registry boosts and the top-N cut.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <set>
-#include <unistd.h>
 
 #include "ir/error.h"
 #include "realize/candidates.h"
 #include "realize/emit.h"
 #include "registry/registry.h"
+#include "scratch_dir.h"
 
 namespace fact::realize {
 namespace {
@@ -391,8 +390,7 @@ TEST(Candidates, DroppedLogIsJson) {
 }
 
 TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
-  const auto dir = std::filesystem::temp_directory_path() / ("fact_cand_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir dir("fact_cand");
   const auto m = gemm_match(4096, 3072, 768);
   CandidateOptions opt;
   opt.top_n = 1000;
@@ -400,7 +398,7 @@ TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
   ASSERT_GT(before.ranked.size(), 10u);
   const auto target = before.ranked[10].config;  // a middling config
   {
-    auto reg = registry::Registry::open_writable((dir / "r.db").string());
+    auto reg = registry::Registry::open_writable(dir.file("r.db"));
     registry::Row row;
     row.signature = before.signature;
     row.arch = "sm90";
@@ -424,7 +422,6 @@ TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
     for (const auto& r : after.ranked) has_extra |= r.config == extra;
     EXPECT_TRUE(has_extra);
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
@@ -450,8 +447,7 @@ TEST(Candidates, LongKWithFewTilesPrefersReadingEachOperandOnce) {
 }
 
 TEST(Candidates, RegistryConfigsOfAnotherMathAreNotCandidates) {
-  const auto dir = std::filesystem::temp_directory_path() / ("fact_cand_math_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir dir("fact_cand_math");
   const auto m = gemm_match(4096, 3072, 768, "f32");
   CandidateOptions high;
   high.top_n = 1000;
@@ -462,7 +458,7 @@ TEST(Candidates, RegistryConfigsOfAnotherMathAreNotCandidates) {
   measured.stages = 5;  // outside the literal lists: it can only come from the registry
   ASSERT_EQ(measured.math, "tf32");
   {
-    auto reg = registry::Registry::open_writable((dir / "r.db").string());
+    auto reg = registry::Registry::open_writable(dir.file("r.db"));
     registry::Row row;
     row.signature = tf32.signature;
     row.arch = "sm90";
@@ -481,7 +477,6 @@ TEST(Candidates, RegistryConfigsOfAnotherMathAreNotCandidates) {
     EXPECT_EQ(accurate.enumerated, cold.enumerated);  // ... but not under another math
     for (const auto& r : accurate.ranked) EXPECT_EQ(r.config.math, "3xtf32");
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace fact::realize

@@ -1,17 +1,15 @@
-// Emission of fused attention kernels (CUTLASS's Hopper FMHA for bf16 / f16, its sm80 kernel for
-// f32): golden files, the config space and its filter, ranking (prior and registry), the math
-// the precision allows, and the patterns FACT refuses with a reason.
+// Emission of fused attention kernels (CUTLASS's Hopper FMHA for bf16 / f16 and f32 in TF32, its
+// sm80 kernel for f32): golden files, the config space and its filter, ranking (prior and
+// registry), the math the precision allows, and the patterns FACT refuses with a reason.
 //
 // Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R EmitAttention.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <filesystem>
 
 #include "golden.h"
 #include "ir/error.h"
 #include "realize/attention.h"
 #include "registry/registry.h"
+#include "scratch_dir.h"
 
 namespace fact::realize {
 namespace {
@@ -112,27 +110,24 @@ TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
   for (const auto& r : highest.ranked) EXPECT_EQ(r.config.math, "3xtf32") << r.config.name();
   EXPECT_THROW(attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "low"), NotSupported);
   {  // Registry rows of one kernel do not crowd the other out of a --candidates bound.
-    const auto dir = std::filesystem::temp_directory_path() / ("fact_attnmix_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
+    const test::ScratchDir dir("fact_attnmix");
     const auto pattern = attention_pattern("f32", true, 96);
     {
-      auto w = registry::Registry::open_writable((dir / "r.db").string());
+      auto w = registry::Registry::open_writable(dir.file("r.db"));
       w.insert(measured(pattern, "q32kv128_ms_tf32", 850));
       w.insert(measured(pattern, "q64kv64_ms_tf32", 960));
     }
-    const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
+    const auto reg = registry::Registry::open_readonly(dir.file("r.db"));
     EXPECT_EQ(names(attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 2, &*reg, "high")),
               (std::vector<std::string>{"q32kv128_ms_tf32", "q128kv64_coop_s5_tf32"}));
     EXPECT_EQ(names(attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 3, &*reg, "high")),
               (std::vector<std::string>{"q32kv128_ms_tf32", "q64kv64_ms_tf32", "q128kv64_coop_s5_tf32"}));
-    std::filesystem::remove_all(dir);
   }
   {  // the registry's fastest TF32 row ranks first under high, and never comes back under highest
-    const auto dir = std::filesystem::temp_directory_path() / ("fact_attn32_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
+    const test::ScratchDir dir("fact_attn32");
     const auto pattern = attention_pattern("f32", true, 96);
-    registry::Registry::open_writable((dir / "r.db").string()).insert(measured(pattern, "q64kv64_ms_tf32", 100));
-    const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
+    registry::Registry::open_writable(dir.file("r.db")).insert(measured(pattern, "q64kv64_ms_tf32", 100));
+    const auto reg = registry::Registry::open_readonly(dir.file("r.db"));
     const auto tuned = attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 0, &*reg, "high");
     EXPECT_EQ(tuned.ranked[0].config.name(), "q64kv64_ms_tf32");
     EXPECT_NE(tuned.ranked[0].why.find("registry"), std::string::npos);
@@ -142,7 +137,6 @@ TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
       EXPECT_EQ(r.config.math, "3xtf32") << r.config.name();
       EXPECT_EQ(r.why, "prior");
     }
-    std::filesystem::remove_all(dir);
   }
 
   // Hopper in TF32: the MMAs read TF32, memory holds fp32, V is transposed for P @ V.
@@ -194,12 +188,11 @@ TEST(EmitAttention, ConfigsThatDoNotFitSharedMemoryAreDroppedWithAReason) {
 }
 
 TEST(EmitAttention, RegistryMeasurementsRankFirst) {
-  const auto dir = std::filesystem::temp_directory_path() / ("fact_attn_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir dir("fact_attn");
   const auto pattern = attention_pattern("bf16", true, 96);
   const auto spec = AttentionSpec::from_pattern(pattern);
   {
-    auto reg = registry::Registry::open_writable((dir / "r.db").string());
+    auto reg = registry::Registry::open_writable(dir.file("r.db"));
     registry::Row row = measured(pattern, "q128kv64_pp_s4", 250);
     reg.insert(row);
     row.config = {{"name", "q128kv64_coop_s3"}};
@@ -217,7 +210,7 @@ TEST(EmitAttention, RegistryMeasurementsRankFirst) {
     row.time_us = 300;
     reg.insert(row);
   }
-  const auto reg = registry::Registry::open_readonly((dir / "r.db").string());
+  const auto reg = registry::Registry::open_readonly(dir.file("r.db"));
   const auto cands = attention_candidates(spec, pattern["signature"], pattern["problem"], "sm90", 3, &*reg);
   ASSERT_EQ(cands.ranked.size(), 3u);
   EXPECT_EQ(cands.ranked[0].config.name(), "q128kv64_pp_s4");
@@ -225,7 +218,6 @@ TEST(EmitAttention, RegistryMeasurementsRankFirst) {
   EXPECT_EQ(names(cands)[1], "q128kv64_coop_s5");  // batch 8 vs 4: nearest
   EXPECT_NE(cands.ranked[1].why.find("nearest"), std::string::npos) << cands.ranked[1].why;
   EXPECT_EQ(names(cands)[2], "q128kv128_coop_s5");  // then the prior; the far row is ignored
-  std::filesystem::remove_all(dir);
 }
 
 TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
