@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from fact.problem import load_problem  # noqa: E402
 from fact.tune import harness  # noqa: E402
+from fact.tune.reference import GEMM_FAMILIES  # noqa: E402
 
 
 def time_module(fn, inputs, reps: int) -> float:
@@ -145,9 +146,16 @@ def bench_run(run: Path, reps: int) -> dict:
     entries, _ = harness.load_manifest(run)
     precision = plan["float32_matmul_precision"]
     rows = []
+    skipped = []
     for index, pattern in enumerate(plan["patterns"]):
         mine = [e for e in entries if e.get("pattern_index") == index and e.get("library")]
         if not mine:
+            continue
+        if pattern["family"] not in (*GEMM_FAMILIES, "attention"):
+            # Norm and pointwise kernels are tuned in the composed module (`fact bench`).
+            family = pattern["family"]
+            print(f"== {run.name}: pattern {index} {pattern['signature']}: skipped ({family})")
+            skipped.append(index)
             continue
         print(
             f"== {run.name}: pattern {index} {pattern['signature']} ({len(mine)} kernels)",
@@ -184,7 +192,12 @@ def bench_run(run: Path, reps: int) -> dict:
         )
     # The module as FACT would run it: every pattern's best kernel, when patterns cover all the
     # compute (true for these GEMM problems) and each has a verified kernel.
-    covered = not plan["pytorch_nodes"] and patterns and all(p["fact_us"] for p in patterns)
+    covered = (
+        not plan["pytorch_nodes"]
+        and not skipped
+        and patterns
+        and all(p["fact_us"] for p in patterns)
+    )
     fact_total = sum(p["fact_us"] for p in patterns) if covered else None
     best = min((p for p in patterns if p["fact_us"]), key=lambda p: p["fact_us"], default=None)
     # The module itself, eager and compiled, in this process and this run.
