@@ -293,6 +293,49 @@ TEST(Candidates, TilesOfOneWaveShareTheirOperandPanels) {
   EXPECT_GT(a_reads(split), a_reads(dp) + 1.0);
 }
 
+TEST(Candidates, EpilogueModelOrdersTheMeasuredPairsAsTheH200Did) {
+  // Cooperative 128x256 against pingpong 128x128 (2x1 clusters both), each pair measured in one
+  // run on the H200. Small K and a heavy output (f32, a residual read) favour pingpong, which
+  // hides the epilogue; a long K favours the larger tile. Sources: data/registry_seed.json (the
+  // GEMM runs) and bench/results/2026-12-01-tf32-pingpong/ (the MiniGPT block's TF32 GEMMs).
+  struct Pair {
+    const char* what;
+    std::string dtype;
+    int64_t batch, m, n, k;
+    bool residual;
+    double pingpong_us, cooperative_us;
+  };
+  const std::vector<Pair> pairs = {
+      {"bf16 batched", "bf16", 128, 512, 2048, 1024, false, 382.8, 395.4},
+      {"bf16 MLP up, bias+GELU", "bf16", 1, 65536, 3072, 768, false, 465.0, 503.3},
+      {"bf16 square", "bf16", 1, 4096, 4096, 4096, false, 187.4, 178.9},
+      {"TF32 MLP up, bias+GELU", "f32", 1, 65536, 3072, 768, false, 899.4, 949.8},
+      {"TF32 attention out, bias+residual", "f32", 1, 65536, 768, 768, true, 244.2, 276.3},
+      {"TF32 MLP down, bias+residual", "f32", 1, 65536, 768, 3072, true, 875.3, 822.7},
+      {"TF32 QKV, bias", "f32", 1, 65536, 2304, 768, false, 601.0, 629.3},
+  };
+  for (const auto& pair : pairs) {
+    auto mt = gemm_match(pair.m, pair.n, pair.k, pair.dtype);
+    mt.problem["batch"] = pair.batch;
+    auto p = GemmProblem::from_match(mt);
+    p.reads_source = pair.residual;
+    const int tk = pair.dtype == "f32" ? 32 : 64;
+    auto coop = cfg(128, 256, tk), pp = cfg(128, 128, tk, "pingpong");
+    for (auto* c : {&coop, &pp}) {
+      c->cluster_m = 2;
+      if (pair.dtype == "f32") c->math = "tf32";
+    }
+    const auto ranked = rank_sm90(p, {coop, pp});
+    const auto& faster = pair.pingpong_us < pair.cooperative_us ? pp : coop;
+    EXPECT_EQ(ranked.at(0).config, faster) << pair.what << ": measured pingpong " << pair.pingpong_us
+                                          << " us, cooperative " << pair.cooperative_us << " us; model "
+                                          << ranked[0].config.name() << " " << ranked[0].est_us << " us, "
+                                          << ranked[1].config.name() << " " << ranked[1].est_us << " us\n"
+                                          << json(ranked[0].reasons).dump() << "\n"
+                                          << json(ranked[1].reasons).dump();
+  }
+}
+
 TEST(Candidates, StreamKHelpsAnUnderfilledWave) {
   // 16 tiles of 128x128 and a long K: stream-K spreads the K iterations over all SMs.
   const auto p = bf16_problem(512, 512, 16384);
@@ -422,6 +465,51 @@ TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
     for (const auto& r : after.ranked) has_extra |= r.config == extra;
     EXPECT_TRUE(has_extra);
   }
+}
+
+TEST(Candidates, ConfigsMeasuredOnTheProblemRankAsMeasured) {
+  // The MiniGPT MLP down projection in TF32, as measured on the H200
+  // (bench/results/2026-12-01-tf32-pingpong/): pingpong 128x128 with a 1x2 cluster led, though
+  // the model prefers cooperative 128x256 and the 2x1 cluster. The top 4 lead with the measured order.
+  const test::ScratchDir dir("fact_cand_measured");
+  auto m = gemm_match(65536, 768, 3072, "f32");
+  m.epilogue = {"bias", "residual"};
+  CandidateOptions opt;
+  opt.top_n = 4;
+  opt.precision = "high";
+  auto reg = registry::Registry::open_writable(dir.file("r.db"));
+  auto tf32 = [](GemmConfig c, int cm, int cn) {
+    c.cluster_m = cm;
+    c.cluster_n = cn;
+    c.math = "tf32";
+    return c;
+  };
+  const auto pp12 = tf32(cfg(128, 128, 32, "pingpong"), 1, 2), coop = tf32(cfg(128, 256, 32), 2, 1),
+             pp21 = tf32(cfg(128, 128, 32, "pingpong"), 2, 1), slow = tf32(cfg(64, 256, 32, "pingpong"), 2, 1);
+  const auto signature = candidates(m, opt).signature;
+  for (const auto& [c, us] : std::vector<std::pair<GemmConfig, double>>{
+           {pp12, 810.4}, {coop, 822.7}, {pp21, 875.3}, {slow, 948.1}}) {
+    registry::Row row;
+    row.signature = signature;
+    row.arch = "sm90";
+    row.problem = m.problem;
+    row.config = c.to_json();
+    row.time_us = us;
+    row.provenance = "tuned";
+    reg.insert(row);
+  }
+  opt.registry = &reg;
+  const auto ranked = candidates(m, opt).ranked;
+  ASSERT_EQ(ranked.size(), 4u);
+  EXPECT_EQ(ranked[0].config, pp12) << ranked[0].config.name();
+  EXPECT_EQ(ranked[1].config, coop) << ranked[1].config.name();
+  // pp21 measured well too, but it is pp12's kernel with another cluster: the top N covers
+  // distinct kernels first.
+  for (size_t i = 2; i < ranked.size(); ++i) EXPECT_NE(ranked[i].config, pp21) << i;
+  EXPECT_NE(ranked[0].reasons.back().find("810 us measured on the same problem"), std::string::npos)
+      << ranked[0].reasons.back();
+  // 948 us is more than 10% behind the best: not promoted, and not in the top 4.
+  for (const auto& r : ranked) EXPECT_NE(r.config, slow);
 }
 
 }  // namespace
