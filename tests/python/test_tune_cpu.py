@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -290,6 +291,9 @@ int fact_gemm_run(const FactGemmArgs* p, void* workspace, size_t workspace_bytes
   if (workspace_bytes < fact_gemm_workspace_size(p)) return fail(FACT_WORKSPACE_TOO_SMALL, "small");
   if (FAKE_MODE == SEGV) raise(SIGSEGV);
   if (FAKE_MODE == HANG) for (;;) pause();
+#ifdef FAKE_RUN_SLEEP_US
+  usleep(FAKE_RUN_SLEEP_US); /* a slow kernel that still finishes */
+#endif
   if (FAKE_MODE == RECORD) return FACT_OK;
   const elem_t* A = (const elem_t*)p->a;
   const elem_t* B = (const elem_t*)p->b;
@@ -1296,7 +1300,30 @@ def test_tune_times_out_a_hanging_kernel(fake_kernels):
         timeout_s=3,
     )
     assert [r["disposition"] for r in rows] == ["passed", "fault", "passed"]
-    assert "timed out after 3 s" in rows[1]["message"]
+    assert "timed out: no progress for 3 s" in rows[1]["message"]
+
+
+def test_tune_watchdog_counts_progress_not_the_whole_candidate(fake_kernels):
+    """The watchdog restarts at each step (verification, each knob setting): a kernel slower in
+    all than the timeout, but never that long between steps, is timed, not killed."""
+    slow = fake_kernels("gelu_slow", MINIGPT_GELU, epi=2, FAKE_RUN_SLEEP_US=40_000)
+    knobs = [{**DEFAULT_KNOBS, "raster": r} for r in ("heuristic", "along_m", "along_n")]
+    knobs += [{**DEFAULT_KNOBS, "max_swizzle": 2}]
+    started = time.monotonic()
+    rows = tune(
+        MINIGPT_GELU,
+        [slow],
+        knobs_list=knobs,
+        problem=SMALL,
+        shapes=SMALL_SHAPES,
+        device="cpu",
+        timeout_s=3,
+    )
+    took = time.monotonic() - started
+    # 4 knob settings x (5 warmup + 20 timed) runs x 40 ms: 4 s of launches alone
+    assert took > 4, took
+    assert rows[1]["disposition"] == "passed", rows[1]["message"]
+    assert len(rows[1]["knob_times"]) == 4
 
 
 def _plan_with(pattern: dict, problem: dict) -> dict:
@@ -1574,6 +1601,9 @@ int fact_attention_run(const FactAttentionArgs* a, void* workspace, size_t works
   }
   if (FAKE_MODE == SEGV) raise(SIGSEGV);
   if (FAKE_MODE == HANG) for (;;) pause();
+#ifdef FAKE_RUN_SLEEP_US
+  usleep(FAKE_RUN_SLEEP_US); /* a slow kernel that still finishes */
+#endif
   if (FAKE_MODE == RECORD) return FACT_OK;
   const elem_t* Q = (const elem_t*)a->q;
   const elem_t* K = (const elem_t*)a->k;

@@ -680,6 +680,7 @@ def evaluate_attention_kernel(
     flush: bool = True,
     device: Any = "cuda",
     on_load: Callable[[str, Mapping[str, Any]], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Verify then time one attention kernel ({kernel, library, config}); returns its row
     (harness.make_row): disposition passed | incorrect | not_supported, error = the largest
@@ -687,7 +688,8 @@ def evaluate_attention_kernel(
     of `reps` launches at the problem, L2 flushed before each (harness.time_fn).
 
     knobs_list is accepted for the harness's sake and ignored: attention kernels have no launch
-    knobs. on_load(kernel, config) is called once the library is loaded. Raises KernelFault.
+    knobs. on_load(kernel, config) is called once the library is loaded, on_progress("verified")
+    after the verification. Raises KernelFault.
     """
     del knobs_list
     spec = _spec(pattern, problem)
@@ -699,6 +701,8 @@ def evaluate_attention_kernel(
         return row
     dev = torch.device(device)
     v, kept = _verify(lib, spec, precision, shapes, dev)
+    if on_progress:
+        on_progress("verified")
     errors = [e for e in v["rel_err"].values() if not math.isnan(e)]
     if not v["ok"] or kept is None:
         return harness.make_row(

@@ -82,7 +82,10 @@ FLUSH_BYTES = 256 << 20  # written between reps: far more than the H200's 50 MB 
 # GPU spin before each timed region (~20 us at the H200's ~2 GHz SM clock), so that the host's
 # side of the launch (ctypes, CUTLASS's initialize) happens while the GPU is busy, never timed.
 BACKLOG_CYCLES = 40_000
-DEFAULT_TIMEOUT_S = 600.0  # one candidate (verify + every knob combination) in the worker
+# The watchdog: how long a candidate may go without progress (loading its library, verifying
+# it, timing one knob setting) before it counts as a hung kernel, a fault. Each of those steps
+# takes seconds; a kernel that deadlocks never finishes one.
+DEFAULT_TIMEOUT_S = 120.0
 STARTUP_GRACE_S = 120.0  # on top, for a worker's start (import torch, CUDA context)
 
 DEFAULT_KNOBS = {"raster": "heuristic", "max_swizzle": 1, "splits": 1}
@@ -679,13 +682,15 @@ def evaluate_kernel(
     flush: bool = True,
     device: Any = "cuda",
     on_load: Callable[[str, Mapping[str, Any]], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Verify then time one kernel ({kernel, library, config}); returns its row.
 
     Every knob combination's output is compared with the reference too (split-K changes the
     summation order); a combination that fails is not timed as a win. on_load(kernel, config)
-    is called once the library is loaded, before anything runs. Raises KernelFault.
-    Attention patterns go to fact.tune.attention.evaluate_attention_kernel.
+    is called once the library is loaded, before anything runs; on_progress(step) after the
+    verification ("verified") and after each knob combination (its knob_name). Raises
+    KernelFault. Attention patterns go to fact.tune.attention.evaluate_attention_kernel.
     """
     from fact.tune.inputs import make_inputs, resolve_problem
     from fact.tune.reference import gemm_spec, reference
@@ -706,6 +711,7 @@ def evaluate_kernel(
             flush=flush,
             device=device,
             on_load=on_load,
+            on_progress=on_progress,
         )
     spec = gemm_spec(dict(pattern))
     prob = resolve_problem(spec, problem)
@@ -714,6 +720,8 @@ def evaluate_kernel(
         return row
     dev = _device(device)
     v = verify(lib, spec, prob, precision, shapes, device=dev)
+    if on_progress:
+        on_progress("verified")
     if not v["ok"]:
         return make_row(
             **row,
@@ -747,6 +755,9 @@ def evaluate_kernel(
             entry.update(time_us=None, status=exc.kernel_message or str(exc))
             knob_times.append(entry)
             continue
+        finally:
+            if on_progress:
+                on_progress(entry["name"])
         err, why = rel_err(inputs.D, ref)
         entry["rel_err"] = err
         if not err <= v["tolerance"]:
@@ -879,7 +890,8 @@ def environment(device: Any) -> dict[str, Any]:
 
 def _worker(job_path: str, progress_path: str) -> int:
     """`python -m fact.tune.harness --worker JOB PROGRESS`: evaluate the job's candidates in
-    order, appending {"event": "start" | "row" | "env" | "fatal", ...} lines to PROGRESS."""
+    order, appending {"event": "start" | "loaded" | "tick" | "row" | "env" | "fatal", ...} lines
+    to PROGRESS ("tick": the candidate finished a step, see evaluate_kernel's on_progress)."""
     import torch
 
     job = json.loads(Path(job_path).read_text())
@@ -923,6 +935,9 @@ def _worker(job_path: str, progress_path: str) -> int:
                     deterministic=bool(job.get("deterministic")),
                     on_load=lambda kernel, config, i=cand["id"]: emit(
                         {"event": "loaded", "id": i, "kernel": kernel, "config": config}
+                    ),
+                    on_progress=lambda step, i=cand["id"]: emit(
+                        {"event": "tick", "id": i, "step": step}
                     ),
                     **common,
                 )
@@ -1008,7 +1023,7 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 
 def _describe_exit(returncode: int | None, timed_out: bool, timeout_s: float) -> str:
     if timed_out:
-        return f"timed out after {timeout_s:g} s"
+        return f"timed out: no progress for {timeout_s:g} s"
     if returncode is not None and returncode < 0:
         try:
             return f"the worker died of {signal.Signals(-returncode).name}"
@@ -1160,16 +1175,16 @@ def _run_worker(job, folder: Path, timeout_s, python, rows, progress):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env())
         seen = 0
         started_any = False
-        clock = time.monotonic()  # start of the current candidate (or of the worker)
+        clock = time.monotonic()  # the current candidate's last progress (or the worker's start)
         try:
             while True:
                 returncode = proc.poll()
                 events = _read_events(progress_path)
                 for event in events[seen:]:
-                    if event.get("event") == "start":
+                    if event.get("event") in ("start", "loaded", "tick"):
                         clock = time.monotonic()
                         started_any = True
-                    elif event.get("event") == "row":
+                    if event.get("event") == "row":
                         rows[event["id"]] = event["row"]
                         if progress:
                             progress(event["row"])
@@ -1474,7 +1489,8 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help="seconds one candidate may take before it counts as a fault",
+        help="seconds a candidate may go without progress (loading, verifying, timing one "
+        "knob setting) before it counts as a hung kernel, a fault",
     )
     return p
 
