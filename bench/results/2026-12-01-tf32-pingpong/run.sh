@@ -26,3 +26,7 @@ export CUTLASS_DIR=$PWD/.gpu/cutlass FACT_ENGINE=$PWD/.device/bin/fact-engine FA
   FACT_REGISTRY=$PWD/.gpu/registry.db RUNS=$PWD/.gpu/runs PYTHON=python3 PYTHONPATH=$PWD/python
 for job in minigpt-tf32 minigpt-bf16; do scripts/gpu_bench.sh $job; done   # call 2
 for job in minigpt-tf32 llama-bf16; do scripts/gpu_bench.sh $job; done     # call 3
+#
+# Call 5 (after call 4, g10/run.sh): the Llama block in fp32 with TF32 allowed (llama-tf32.*),
+# same environment as calls 2-3:
+JOB_TIMEOUT=480 scripts/gpu_bench.sh llama-tf32
