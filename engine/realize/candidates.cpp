@@ -109,6 +109,8 @@ constexpr double kStreamKFixup = 0.10;
 // x0.7, fading with distance (summed |log2| of the size ratios). Measured clearly slower on the
 // same problem: x1.5.
 constexpr double kWellMeasured = 1.10, kExactBoost = 0.5, kNearBoost = 0.3, kExactSlow = 1.5;
+static_assert(kExactBoost * kWellMeasured < 1.0 - kNearBoost,
+              "configs measured well on the problem itself must rank ahead of near-problem boosts");
 
 }  // namespace
 
@@ -503,7 +505,9 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     {
       const double t_stage = 2.0 * p.b_operands * c.tile_m * c.tile_n * static_cast<double>(c.tile_k) /
                              (rate_per_sm(p, c) * eff);
-      const double cover = std::min(1.0, (stages - 1) * t_stage / (t_stage + kLoadLatency));
+      // The filter drops configs with fewer than 2 stages; scored anyway, they count as 2.
+      const int in_flight = std::max(1, stages - 1);
+      const double cover = std::min(1.0, in_flight * t_stage / (t_stage + kLoadLatency));
       if (cover < 1.0) {
         eff *= cover;
         r.reasons.push_back(std::to_string(stages) + " stages of " + fmt(t_stage * 1e6) +
@@ -530,7 +534,9 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     const double t_main = tile_flops / (rate_per_sm(p, c) * eff);
     const double epilogue_bytes = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
                                   (p.reads_source ? 2.0 : 1.0);
-    const double t_epilogue = epilogue_bytes / (hw.bandwidth / kSm90SmCount);
+    // The SMs storing at once share the bandwidth: all of them, or the grid's tiles if fewer.
+    const double storing = static_cast<double>(std::min<int64_t>(sms, tiles));
+    const double t_epilogue = epilogue_bytes / (hw.bandwidth / storing);
     double t_tile = 0;
     if (c.kernel_schedule == "pingpong") {
       t_tile = std::max(t_main, t_epilogue);
@@ -631,7 +637,7 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     if (exact[i] == 0.0) continue;
     const bool well = exact[i] <= kWellMeasured * best_exact;
     out[i].score = well ? kExactBoost * best_est * exact[i] / best_exact : kExactSlow * out[i].est_us;
-    out[i].reasons.push_back("registry: " + fmt(exact[i]) + " us measured on the same problem, " +
+    out[i].reasons.push_back("registry: " + fmt(exact[i], 6) + " us measured on the same problem, " +
                              (well ? "within 10% of the best there (ranked as measured)"
                                    : "slower than the best there (x" + fmt(kExactSlow) + ")"));
   }

@@ -77,7 +77,10 @@ struct FilterResult {
 struct Ranked {
   GemmConfig config;
   double est_us = 0;  // the wave model's time, before registry adjustment
-  double score = 0;   // est_us times registry boosts: lower is better; the ranking key
+  // The ranking key, lower is better: est_us times a registry boost (measured on nearby problems,
+  // or clearly slower on this one); for configs measured well on this very problem, their
+  // measured order placed ahead of every unmeasured config (rank_sm90).
+  double score = 0;
   std::vector<std::string> reasons;  // why it ranks where it does (waves, penalties, registry)
 };
 

@@ -44,15 +44,23 @@ struct Stmt {
   }
 };
 
-// Log-distance between two problems over the numeric sizes they share.
+// Log-distance between two problems over the numeric sizes they share, plus 1 for each other
+// key whose value differs or that one of them lacks (a horizontal GEMM's n_parts): only equal
+// problems are at distance 0. Infinite when they share no numeric size.
 double distance(const nlohmann::json& a, const nlohmann::json& b) {
   double d = 0;
   int shared = 0;
   for (const auto& [k, v] : a.items()) {
-    if (!v.is_number() || !b.contains(k) || !b[k].is_number()) continue;
-    const double x = std::max(1.0, v.get<double>()), y = std::max(1.0, b[k].get<double>());
-    d += std::fabs(std::log2(x) - std::log2(y));
-    ++shared;
+    if (v.is_number() && b.contains(k) && b[k].is_number()) {
+      const double x = std::max(1.0, v.get<double>()), y = std::max(1.0, b[k].get<double>());
+      d += std::fabs(std::log2(x) - std::log2(y));
+      ++shared;
+    } else if (!b.contains(k) || b[k] != v) {
+      d += 1.0;
+    }
+  }
+  for (const auto& [k, v] : b.items()) {
+    if (!a.contains(k)) d += 1.0;
   }
   return shared ? d : INFINITY;
 }

@@ -131,6 +131,28 @@ TEST_F(RegistryTest, LookupIsExactFirstThenNearestBySize) {
   EXPECT_DOUBLE_EQ(hits[3].distance, 5.0 + 5.0 + 5.0);
 }
 
+TEST_F(RegistryTest, ProblemsThatDifferBeyondTheirSizesAreNotExact) {
+  // Horizontal GEMMs of equal m, n, k split n differently: another problem, one step away.
+  auto reg = Registry::open_writable(path_);
+  auto parts = [](json p, json n_parts) {
+    p["n_parts"] = std::move(n_parts);
+    return p;
+  };
+  const auto thirds = parts(gemm_problem(128, 2304, 768), {768, 768, 768});
+  reg.insert(row(parts(gemm_problem(128, 2304, 768), {1536, 768}), 1));
+  reg.insert(row(thirds, 2));
+  auto no_parts = gemm_problem(128, 2304, 768);
+  reg.insert(row(no_parts, 3));
+  const auto hits = reg.lookup(kSig, "sm90", thirds, 10);
+  ASSERT_EQ(hits.size(), 3u);
+  EXPECT_EQ(hits[0].match, "exact");
+  EXPECT_DOUBLE_EQ(hits[0].row.time_us, 2);
+  EXPECT_EQ(hits[1].match, "nearest");
+  EXPECT_DOUBLE_EQ(hits[1].distance, 1.0);
+  EXPECT_EQ(hits[2].match, "nearest");
+  EXPECT_DOUBLE_EQ(hits[2].distance, 1.0);
+}
+
 TEST_F(RegistryTest, EqualDistanceIsBrokenByTime) {
   auto reg = Registry::open_writable(path_);
   reg.insert(row(gemm_problem(256, 128, 128), 9));

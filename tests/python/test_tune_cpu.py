@@ -1601,9 +1601,6 @@ int fact_attention_run(const FactAttentionArgs* a, void* workspace, size_t works
   }
   if (FAKE_MODE == SEGV) raise(SIGSEGV);
   if (FAKE_MODE == HANG) for (;;) pause();
-#ifdef FAKE_RUN_SLEEP_US
-  usleep(FAKE_RUN_SLEEP_US); /* a slow kernel that still finishes */
-#endif
   if (FAKE_MODE == RECORD) return FACT_OK;
   const elem_t* Q = (const elem_t*)a->q;
   const elem_t* K = (const elem_t*)a->k;
@@ -2199,13 +2196,16 @@ def test_harness_dispatches_attention_in_process(fake_attention):
     from fact.tune.harness import evaluate_kernel, evaluate_pytorch
 
     pattern = attention_pattern(causal=True)
+    steps = []  # the watchdog's progress reports
     row = evaluate_kernel(
         _att_candidate(fake_attention("att_good")), pattern, knobs_list=[DEFAULT_KNOBS],
-        device="cpu", problem={"seq_q": 24, "seq_k": 24},
+        device="cpu", problem={"seq_q": 24, "seq_k": 24}, on_progress=steps.append,
     )  # fmt: skip
     assert row["disposition"] == "passed", row["message"]
     assert row["problem"] == {**pattern["problem"], "seq_q": 24, "seq_k": 24}
-    torch_row = evaluate_pytorch(pattern, device="cpu")
+    assert steps == ["verified"]
+    torch_row = evaluate_pytorch(pattern, device="cpu", on_progress=steps.append)
+    assert steps == ["verified", "verified"]
     assert torch_row["kernel"] == "pytorch" and torch_row["disposition"] == "passed"
     assert torch_row["config"] == {"name": "pytorch"} and torch_row["library"] is None
     assert 0 < torch_row["error"] < 5e-3 and torch_row["time_us"] > 0

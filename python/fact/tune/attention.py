@@ -760,16 +760,20 @@ def evaluate_attention_pytorch(
     warmup: int = harness.DEFAULT_WARMUP,
     flush: bool = True,
     device: Any = "cuda",
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The PyTorch candidate's row (kernel harness.PYTORCH): scaled_dot_product_attention on the
     same inputs, verified like a kernel (it is the baseline: an error above the kernels'
     tolerance is noted, only a non-finite output fails it), then timed the same way, followed
     by the model's own layout step (transpose(1, 2).contiguous() for bs(hd), contiguous() for
-    bhsd), which copies only where SDPA's output is not laid out that way already."""
+    bhsd), which copies only where SDPA's output is not laid out that way already.
+    on_progress("verified") between verification and timing."""
     spec = _spec(pattern, problem)
     plan_pattern = pattern if isinstance(pattern, Mapping) else {"signature": spec.signature}
     dev = torch.device(device)
     v, kept = _verify(None, spec, precision, shapes, dev)
+    if on_progress:
+        on_progress("verified")
     row = dict(
         pattern=plan_pattern,
         arch=arch,

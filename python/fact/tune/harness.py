@@ -17,10 +17,11 @@ evaluate_pytorch, verify, tolerance and tune dispatch there.
 `tune(pattern, libraries, ...)` is the fault-isolated driver: it never touches the GPU itself but
 runs the candidates in a child process (`python -m fact.tune.harness --worker JOB PROGRESS`). The
 child appends JSON lines to PROGRESS as it goes ("start" before each candidate, "loaded" with the
-kernel's name once its library is open, "row" after it).
+kernel's name once its library is open, "tick" after each step: verification, each knob setting's
+timing; "row" after it).
 When the child dies (an illegal address kills the CUDA context, a segfault kills the process) or
-hangs past the timeout, the candidate it had started is recorded as `fault` and a fresh child
-takes the rest, so one bad kernel never takes the run down.
+makes no progress for the timeout (a kernel that hangs), the candidate it had started is recorded
+as `fault` and a fresh child takes the rest, so one bad kernel never takes the run down.
 
 Results are registry rows (engine/registry/registry.h) plus what the tuner knows besides:
 {signature, arch, problem, config, time_us, error, disposition, provenance: "tuned", kernel,
@@ -802,9 +803,11 @@ def evaluate_pytorch(
     warmup: int = DEFAULT_WARMUP,
     flush: bool = True,
     device: Any = "cuda",
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The PyTorch candidate's row: verified like a kernel (see verify_pytorch), then timed.
-    Attention patterns: fact.tune.attention.evaluate_attention_pytorch (SDPA)."""
+    """The PyTorch candidate's row: verified like a kernel (see verify_pytorch), then timed;
+    on_progress("verified") between the two. Attention patterns:
+    fact.tune.attention.evaluate_attention_pytorch (SDPA)."""
     from fact.tune.inputs import resolve_problem
     from fact.tune.reference import gemm_spec
 
@@ -821,10 +824,13 @@ def evaluate_pytorch(
             warmup=warmup,
             flush=flush,
             device=device,
+            on_progress=on_progress,
         )
     spec = gemm_spec(dict(pattern))
     prob = resolve_problem(spec, problem)
     v = verify_pytorch(spec, prob, precision, shapes, device=device)
+    if on_progress:
+        on_progress("verified")
     row = dict(
         pattern=pattern,
         arch=arch,
@@ -924,9 +930,13 @@ def _worker(job_path: str, progress_path: str) -> int:
     for cand in job["candidates"]:
         emit({"event": "start", "id": cand["id"]})
         exit_after = False
+
+        def tick(step: str, i: int = cand["id"]) -> None:
+            emit({"event": "tick", "id": i, "step": step})
+
         try:
             if cand.get("kernel") == PYTORCH and not cand.get("library"):
-                row = evaluate_pytorch(pattern, **common)
+                row = evaluate_pytorch(pattern, on_progress=tick, **common)
             else:
                 row = evaluate_kernel(
                     cand,
@@ -936,9 +946,7 @@ def _worker(job_path: str, progress_path: str) -> int:
                     on_load=lambda kernel, config, i=cand["id"]: emit(
                         {"event": "loaded", "id": i, "kernel": kernel, "config": config}
                     ),
-                    on_progress=lambda step, i=cand["id"]: emit(
-                        {"event": "tick", "id": i, "step": step}
-                    ),
+                    on_progress=tick,
                     **common,
                 )
         except Exception as exc:
