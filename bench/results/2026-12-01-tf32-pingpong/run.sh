@@ -30,3 +30,8 @@ for job in minigpt-tf32 llama-bf16; do scripts/gpu_bench.sh $job; done     # cal
 # Call 5 (after call 4, g10/run.sh): the Llama block in fp32 with TF32 allowed (llama-tf32.*),
 # same environment as calls 2-3:
 JOB_TIMEOUT=480 scripts/gpu_bench.sh llama-tf32
+#
+# Call 6, at the final revision (review fixes): the GPU tests, same environment as calls 2-3
+# (gpu_tests_tune.log: 7 passed, 1 skipped; gpu_tests_compose.log: 10 passed).
+scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"
+scripts/gpu_tests.sh -k "test_compose_gpu and not attention"
