@@ -35,3 +35,6 @@ JOB_TIMEOUT=480 scripts/gpu_bench.sh llama-tf32
 # (gpu_tests_tune.log: 7 passed, 1 skipped; gpu_tests_compose.log: 10 passed).
 scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"
 scripts/gpu_tests.sh -k "test_compose_gpu and not attention"
+#
+# Call 7, at the final revision (final/): the MiniGPT blocks again, same environment.
+for job in minigpt-tf32 minigpt-bf16; do scripts/gpu_bench.sh $job; done
