@@ -625,18 +625,25 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     }
     out.push_back(std::move(r));
   }
-  // Configs measured on this problem. Within 10% of the best there: ahead of every unmeasured
+  // Configs measured on this problem. The best of them calibrates the model (its measured time
+  // over its estimate): "the best there" is the faster of that measurement and the best estimate
+  // of any config in measured units, so a lone slow measurement does not outrank configs the
+  // model expects to be much faster. Within 10% of the best there: ahead of every unmeasured
   // config (score: half the best estimate of any config), and among themselves in the order
   // they measured. Clearly slower: behind their own estimate (x1.5).
-  double best_exact = 0.0, best_est = 0.0;
+  double best_exact = 0.0, best_est = 0.0, scale = 1.0;
   for (size_t i = 0; i < out.size(); ++i) {
-    if (exact[i] > 0.0 && (best_exact == 0.0 || exact[i] < best_exact)) best_exact = exact[i];
+    if (exact[i] > 0.0 && (best_exact == 0.0 || exact[i] < best_exact)) {
+      best_exact = exact[i];
+      scale = exact[i] / out[i].est_us;
+    }
     if (i == 0 || out[i].est_us < best_est) best_est = out[i].est_us;
   }
+  const double best_there = std::min(best_exact, best_est * scale);
   for (size_t i = 0; i < out.size(); ++i) {
     if (exact[i] == 0.0) continue;
-    const bool well = exact[i] <= kWellMeasured * best_exact;
-    out[i].score = well ? kExactBoost * best_est * exact[i] / best_exact : kExactSlow * out[i].est_us;
+    const bool well = exact[i] <= kWellMeasured * best_there;
+    out[i].score = well ? kExactBoost * best_est * exact[i] / best_there : kExactSlow * out[i].est_us;
     out[i].reasons.push_back("registry: " + fmt(exact[i], 6) + " us measured on the same problem, " +
                              (well ? "within 10% of the best there (ranked as measured)"
                                    : "slower than the best there (x" + fmt(kExactSlow) + ")"));
@@ -684,16 +691,20 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   for (const auto& c : configs) listed.insert(c.name());
   // The registry's signature does not say which math a kernel used: a tf32 config measured for
   // a model run under "high" must not come back for one that asks for "highest".
+  // Nor may its time set "the best there" for the configs of this math (rank_sm90).
   const std::string math = configs.empty() ? std::string() : configs.front().math;
+  std::vector<registry::Hit> usable;
   for (const auto& h : hits) {
     try {
       const auto c = GemmConfig::from_json(h.row.config);
       if (!math.empty() && c.math != math) continue;
       if (listed.insert(c.name()).second) configs.push_back(c);
+      usable.push_back(h);
     } catch (const nlohmann::json::exception&) {
       // A row whose config is not a GemmConfig (another kernel kind): nothing to add.
     }
   }
+  hits = std::move(usable);
   out.enumerated = configs.size();
   auto filtered = filter_sm90(out.problem, configs);
   out.dropped = std::move(filtered.dropped);

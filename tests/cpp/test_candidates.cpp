@@ -467,6 +467,32 @@ TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
   }
 }
 
+TEST(Candidates, ALoneSlowMeasurementDoesNotOutrankWhatTheModelExpectsFaster) {
+  // One config measured on the problem, far slower than the model expects of the others (in
+  // measured units: the measurement calibrates the model): it is not "the best there".
+  const test::ScratchDir dir("fact_cand_lone");
+  const auto m = gemm_match(4096, 3072, 768);
+  CandidateOptions opt;
+  opt.top_n = 1000;
+  const auto before = candidates(m, opt);
+  const auto worst = before.ranked.back().config;
+  auto reg = registry::Registry::open_writable(dir.file("r.db"));
+  registry::Row row;
+  row.signature = before.signature;
+  row.arch = "sm90";
+  row.problem = m.problem;
+  row.config = worst.to_json();
+  row.time_us = before.ranked.back().est_us;  // the model was right about it
+  row.provenance = "tuned";
+  reg.insert(row);
+  opt.registry = &reg;
+  const auto after = candidates(m, opt);
+  EXPECT_EQ(after.ranked.front().config, before.ranked.front().config);
+  EXPECT_EQ(after.ranked.back().config, worst);
+  EXPECT_NE(after.ranked.back().reasons.back().find("slower than the best there"), std::string::npos)
+      << after.ranked.back().reasons.back();
+}
+
 TEST(Candidates, StagesThatCannotCoverTheLoadLatencySlowTheMainloop) {
   // bf16 4096^3 on the H200 (data/registry_seed.json): 128x256x128 builds with 2 stages and ran
   // 249.0 us, 1.39x the 4-stage 128x256x64 (178.9 us). A TF32 128x256x32 tile builds with 3
