@@ -501,10 +501,11 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
     const double tn_eff = static_cast<double>(p.b_operands) * c.tile_n;
     const double reuse = c.tile_m * tn_eff / (c.tile_m + tn_eff);
     double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+    const double rate = rate_per_sm(p, c);
+    const double flops_per_k = 2.0 * p.b_operands * c.tile_m * c.tile_n;  // a tile's flops per unit of K
     const int stages = smem_sm90(p, c).stages;
     {
-      const double t_stage = 2.0 * p.b_operands * c.tile_m * c.tile_n * static_cast<double>(c.tile_k) /
-                             (rate_per_sm(p, c) * eff);
+      const double t_stage = flops_per_k * static_cast<double>(c.tile_k) / (rate * eff);
       // The filter drops configs with fewer than 2 stages; scored anyway, they count as 2.
       const int in_flight = std::max(1, stages - 1);
       const double cover = std::min(1.0, in_flight * t_stage / (t_stage + kLoadLatency));
@@ -530,8 +531,7 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
                           std::to_string(tiles_m) + "x" + std::to_string(tiles_n) +
                           " tiles: padding CTAs idle in every cluster");
     }
-    const double tile_flops = 2.0 * p.b_operands * c.tile_m * c.tile_n * static_cast<double>(p.k);
-    const double t_main = tile_flops / (rate_per_sm(p, c) * eff);
+    const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
     const double epilogue_bytes = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
                                   (p.reads_source ? 2.0 : 1.0);
     // The SMs storing at once share the bandwidth: all of them, or the grid's tiles if fewer.

@@ -42,6 +42,18 @@ GemmConfig cfg(int tm, int tn, int tk, const std::string& schedule = "cooperativ
 
 GemmProblem bf16_problem(int64_t m, int64_t n, int64_t k) { return GemmProblem::from_match(gemm_match(m, n, k)); }
 
+// A registry row: `config` measured in `us` on the match's problem (provenance "tuned").
+registry::Row tuned_row(const std::string& signature, const json& problem, const GemmConfig& config, double us) {
+  registry::Row row;
+  row.signature = signature;
+  row.arch = "sm90";
+  row.problem = problem;
+  row.config = config.to_json();
+  row.time_us = us;
+  row.provenance = "tuned";
+  return row;
+}
+
 // The one config's fate: "" when kept, else its drop reason.
 std::string verdict(const GemmProblem& p, const GemmConfig& c) {
   const auto r = filter_sm90(p, {c});
@@ -442,20 +454,11 @@ TEST(Candidates, RegistryMeasurementsBoostTheirConfig) {
   const auto target = before.ranked[10].config;  // a middling config
   {
     auto reg = registry::Registry::open_writable(dir.file("r.db"));
-    registry::Row row;
-    row.signature = before.signature;
-    row.arch = "sm90";
-    row.problem = m.problem;
-    row.config = target.to_json();
-    row.time_us = 100;
-    row.provenance = "tuned";
-    reg.insert(row);
+    reg.insert(tuned_row(before.signature, m.problem, target, 100));
     // A tuned config outside the lists (fixed stages) joins the candidates.
     // It measured twice as slow as the target, so it is not boosted.
     auto extra = cfg(128, 128, 64, "pingpong", 4);
-    row.config = extra.to_json();
-    row.time_us = 200;
-    reg.insert(row);
+    reg.insert(tuned_row(before.signature, m.problem, extra, 200));
     opt.registry = &reg;
     const auto after = candidates(m, opt);
     EXPECT_EQ(after.ranked[0].config, target);
@@ -477,14 +480,8 @@ TEST(Candidates, ALoneSlowMeasurementDoesNotOutrankWhatTheModelExpectsFaster) {
   const auto before = candidates(m, opt);
   const auto worst = before.ranked.back().config;
   auto reg = registry::Registry::open_writable(dir.file("r.db"));
-  registry::Row row;
-  row.signature = before.signature;
-  row.arch = "sm90";
-  row.problem = m.problem;
-  row.config = worst.to_json();
-  row.time_us = before.ranked.back().est_us;  // the model was right about it
-  row.provenance = "tuned";
-  reg.insert(row);
+  // the model was right about it
+  reg.insert(tuned_row(before.signature, m.problem, worst, before.ranked.back().est_us));
   opt.registry = &reg;
   const auto after = candidates(m, opt);
   EXPECT_EQ(after.ranked.front().config, before.ranked.front().config);
@@ -543,14 +540,7 @@ TEST(Candidates, ConfigsMeasuredOnTheProblemRankAsMeasured) {
   const auto signature = candidates(m, opt).signature;
   for (const auto& [c, us] : std::vector<std::pair<GemmConfig, double>>{
            {pp12, 810.4}, {coop, 822.7}, {pp21, 875.3}, {slow, 948.1}}) {
-    registry::Row row;
-    row.signature = signature;
-    row.arch = "sm90";
-    row.problem = m.problem;
-    row.config = c.to_json();
-    row.time_us = us;
-    row.provenance = "tuned";
-    reg.insert(row);
+    reg.insert(tuned_row(signature, m.problem, c, us));
   }
   opt.registry = &reg;
   const auto ranked = candidates(m, opt).ranked;
@@ -601,14 +591,7 @@ TEST(Candidates, RegistryConfigsOfAnotherMathAreNotCandidates) {
   ASSERT_EQ(measured.math, "tf32");
   {
     auto reg = registry::Registry::open_writable(dir.file("r.db"));
-    registry::Row row;
-    row.signature = tf32.signature;
-    row.arch = "sm90";
-    row.problem = m.problem;
-    row.config = measured.to_json();
-    row.time_us = 100;
-    row.provenance = "tuned";
-    reg.insert(row);
+    reg.insert(tuned_row(tf32.signature, m.problem, measured, 100));
     CandidateOptions highest = high;
     highest.precision = "highest";  // fp32-accurate: 3xtf32 math only
     const auto cold = candidates(m, highest);

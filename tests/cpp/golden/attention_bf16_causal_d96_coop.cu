@@ -337,7 +337,7 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
                                                               size_t workspace_bytes, void* stream) {
   int status = fact_attention_can_implement(a);
   if (status != FACT_OK) return status;
-  if (workspace_bytes < lse_offset(a) + lse_bytes(a) || !workspace) {
+  if (workspace_bytes < fact_attention_workspace_size(a) || !workspace) {
     return fail(FACT_WORKSPACE_TOO_SMALL, "workspace too small");
   }
   if (!aligned(workspace)) return fail(FACT_INVALID_ARGS, "the workspace must start on a 16-byte boundary");
