@@ -316,7 +316,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       json entry = base;
       entry["config"] = ranked.config.to_json();
       try {
-        add_kernel(i, realize::emit_gemm_sm90(spec, ranked.config), entry["config"]);
+        add_kernel(i, realize::emit_gemm(spec, ranked.config), entry["config"]);
       } catch (const realize::NotSupported& e) {
         refuse(entry, e.what());
       }

@@ -2,7 +2,9 @@
 # Stage 3 benchmarks on a GPU machine: `fact bench` (eager vs torch.compile vs FACT, one process
 # per problem) for the shipped example blocks. Results and reports go to $OUT (default runs/).
 #
-#   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16|llama-tf32|attention ...]
+#   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16|llama-tf32|llama-fp32|attention ...]
+#
+# -tf32 jobs run fp32 models with TF32 allowed (precision high), -fp32 jobs fp32-accurate (highest).
 #
 # rope-bf16 and swiglu-bf16 bench the pointwise family alone: Llama's RoPE on Q and its SwiGLU
 # product, each a one-region module (bench/problems/).
@@ -38,6 +40,7 @@ for job in "$@"; do
     minigpt-fp32) args=(examples/minigpt_block.py --dtype fp32 --precision highest) ;;
     llama-bf16) args=(examples/llama3_block.py --dtype bf16 --precision high) ;;
     llama-tf32) args=(examples/llama3_block.py --dtype fp32 --precision high) ;;
+    llama-fp32) args=(examples/llama3_block.py --dtype fp32 --precision highest) ;;
     rope-bf16) args=(bench/problems/rope_llama.py --dtype bf16 --precision high) ;;
     swiglu-bf16) args=(bench/problems/swiglu_product.py --dtype bf16 --precision high) ;;
     *) echo "unknown job $job" >&2; exit 2 ;;

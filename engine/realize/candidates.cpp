@@ -112,6 +112,22 @@ constexpr double kWellMeasured = 1.10, kExactBoost = 0.5, kNearBoost = 0.3, kExa
 static_assert(kExactBoost * kWellMeasured < 1.0 - kNearBoost,
               "configs measured well on the problem itself must rank ahead of near-problem boosts");
 
+// sm80 multistage kernels, the 3xTF32 (fp32-accurate) GEMMs: mma.sync issues from ordinary
+// warps and reaches a share of the WGMMA peak on Hopper; 0.6 is a prior (the registry overrides
+// it). A thread holds the big and small TF32 halves of its A and B fragments besides its
+// accumulators: CUTLASS's tile list for the math keeps 64 accumulators a thread; its register
+// budget is taken as 232, and as many CTAs as registers and shared memory allow share an SM.
+constexpr double kMmaSyncShare = 0.6;
+constexpr int kMaxMultistageAccumulators = 64;
+constexpr int64_t kMultistageRegisters = 232;
+constexpr int64_t kRegistersPerSm = 65536;
+constexpr int64_t kSm90SmemPerSm = 228 * 1024;
+
+// A multistage kernel's shared memory: its stages of A and B tiles (f32); the epilogue reuses it.
+int64_t multistage_smem_bytes(const GemmConfig& c) {
+  return int64_t{std::max(c.stages, 1)} * (c.tile_m + c.tile_n) * c.tile_k * 4;
+}
+
 }  // namespace
 
 int sm90_cluster_sms(int cluster_size) {
@@ -126,7 +142,7 @@ double rate_per_sm(const GemmProblem& p, const GemmConfig& c) {
   const auto& hw = discover::hardware("sm90", "");
   double rate = hw.bf16_flops;
   if (is_8bit_float(p.dtype_a)) rate = 2 * hw.bf16_flops;
-  if (p.dtype_a == "f32") rate = c.math == "3xtf32" ? hw.tf32_flops / 3 : hw.tf32_flops;
+  if (p.dtype_a == "f32") rate = c.math == "3xtf32" ? hw.tf32_flops * kMmaSyncShare / 3 : hw.tf32_flops;
   return rate / kSm90SmCount;
 }
 
@@ -182,7 +198,41 @@ std::vector<std::string> problem_violations(const GemmProblem& p) {
 // ---------------------------------------------------------------------------------------------
 // Config-level checks.
 
+// An sm80 multistage kernel (3xTF32): CUTLASS 2.x's threadblock tile, warps and stages.
+std::vector<std::string> multistage_violations(const GemmProblem& p, const GemmConfig& c) {
+  std::vector<std::string> why;
+  if (p.dtype_a != "f32" || c.math != "3xtf32") {
+    why.push_back("multistage (sm80) kernels are listed for f32 operands in 3xTF32 only, got " + p.dtype_a +
+                  " in math " + c.math);
+  }
+  if (p.b_operands != 1) why.push_back("a multistage kernel multiplies one B operand");
+  if (c.epilogue_schedule != "visitor" || c.tile_scheduler != "grid" || c.cluster_m != 1 || c.cluster_n != 1) {
+    why.push_back("a multistage kernel takes the visitor epilogue, the grid scheduler and no cluster, got " +
+                  c.epilogue_schedule + ", " + c.tile_scheduler + ", cluster " + std::to_string(c.cluster_m) + "x" +
+                  std::to_string(c.cluster_n));
+  }
+  if (c.tile_k != 16 && c.tile_k != 32) {
+    why.push_back("tile_k " + std::to_string(c.tile_k) + " is not 16 or 32 (two or four 8-deep TF32 MMAs)");
+  }
+  if (c.stages < 3) why.push_back("stages " + std::to_string(c.stages) + ": the cp.async multistage mainloop needs 3");
+  const auto [wm, wn] = multistage_warps(c);
+  if (c.tile_m <= 0 || c.tile_n <= 0 || c.tile_m % (16 * wm) != 0 || c.tile_n % (8 * wn) != 0) {
+    why.push_back("tile " + tile_str(c) + " does not split into " + std::to_string(wm) + "x" + std::to_string(wn) +
+                  " warp tiles of whole 16x8 MMAs");
+  } else if (c.tile_m * c.tile_n / (32 * wm * wn) > kMaxMultistageAccumulators) {
+    why.push_back("registers: a " + tile_str(c) + " tile on " + std::to_string(wm * wn) + " warps is " +
+                  std::to_string(c.tile_m * c.tile_n / (32 * wm * wn)) + " accumulators a thread, over the " +
+                  std::to_string(kMaxMultistageAccumulators) + " that leave room for 3xTF32's split fragments");
+  }
+  if (c.stages >= 3 && multistage_smem_bytes(c) > kSm90SmemPerCta) {
+    why.push_back("shared memory: " + tile_str(c) + " needs " + kb(multistage_smem_bytes(c)) + " for " +
+                  std::to_string(c.stages) + " stages, over the " + kb(kSm90SmemPerCta) + " a CTA gets");
+  }
+  return why;
+}
+
 std::vector<std::string> config_violations(const GemmProblem& p, const GemmConfig& c) {
+  if (c.kernel_schedule == "multistage") return multistage_violations(p, c);
   std::vector<std::string> why;
   const int ba = bytes_of(p.dtype_a);
   const bool f32 = p.dtype_a == "f32";
@@ -350,10 +400,35 @@ bool supports_candidates(const discover::Match& m, const std::string& arch) {
          (m.family == Family::gemm || m.family == Family::horizontal_gemm || m.family == Family::gated_mlp);
 }
 
+// fp32-accurate GEMMs: CUTLASS has 3xTF32 for sm80 kernels only (no sm90 collective splits the
+// operands), so f32 under "highest" lists sm80 multistage kernels, the tiles and stages
+// CUTLASS's generator lists for that math (GenerateSM80_TensorOp_1688_fast_fp32_math).
+std::vector<GemmConfig> enumerate_multistage() {
+  static const int kTiles[][4] = {{128, 128, 16, 4}, {128, 128, 16, 3}, {256, 64, 16, 3}, {64, 256, 16, 3},
+                                  {128, 64, 16, 4},  {64, 128, 16, 4},  {64, 64, 16, 3},  {128, 128, 32, 3},
+                                  {256, 64, 32, 3},  {64, 256, 32, 3},  {128, 64, 32, 3}, {64, 128, 32, 3},
+                                  {64, 64, 32, 3}};
+  std::vector<GemmConfig> out;
+  for (const auto& t : kTiles) {
+    GemmConfig c;
+    c.tile_m = t[0];
+    c.tile_n = t[1];
+    c.tile_k = t[2];
+    c.stages = t[3];
+    c.kernel_schedule = "multistage";
+    c.epilogue_schedule = "visitor";
+    c.tile_scheduler = "grid";
+    c.math = "3xtf32";
+    out.push_back(c);
+  }
+  return out;
+}
+
 // The literal lists. Every tile shape is listed with both schedules, as CUTLASS's generator does
 // before its own validity checks; the filter then removes (and logs) the pairs that cannot build,
 // so the log shows why, say, 64-row cooperative tiles never appear.
 std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& precision) {
+  if (p.dtype_a == "f32" && precision == "highest") return enumerate_multistage();
   static const int kTileMN[] = {64, 128, 256};
   static const int kCluster[][2] = {{1, 1}, {2, 1}, {1, 2}, {2, 2}};
   static const char* kSchedules[][2] = {{"cooperative", "tma_cooperative"}, {"pingpong", "tma"}};
@@ -457,7 +532,7 @@ static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tile
   return {(1.0 - sk_share) * dp_a + sk_share * own_a, (1.0 - sk_share) * dp_b + sk_share * own_b};
 }
 
-// The wave model. For each config:
+// The wave model of an sm90 kernel:
 //   tiles     = ceil(m/tile_m) x ceil(n/tile_n) x batch, each grid dimension rounded up to the
 //               cluster (padding CTAs occupy SMs without doing work);
 //   t_main    = flops of one tile / (per-SM peak x efficiency), efficiency = tile reuse x stage
@@ -473,6 +548,156 @@ static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tile
 //   memory    = the operands' bytes, where an operand bigger than L2 is read more than once
 //               (operand_reads); re-reads of one that fits in L2 hit L2;
 //   time      = max(that, memory / bandwidth).
+// In seconds; `reasons` says what weighed.
+static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
+  const auto& hw = discover::hardware("sm90", "");
+  const int64_t batch = std::max<int64_t>(1, p.batch);
+  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+  const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
+  const int64_t tiles = grid_m * grid_n * batch;
+  const int64_t useful = tiles_m * tiles_n * batch;
+  // Efficiency.
+  const double tn_eff = static_cast<double>(p.b_operands) * c.tile_n;
+  const double reuse = c.tile_m * tn_eff / (c.tile_m + tn_eff);
+  double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+  const double rate = rate_per_sm(p, c);
+  const double flops_per_k = 2.0 * p.b_operands * c.tile_m * c.tile_n;  // a tile's flops per unit of K
+  const int stages = smem_sm90(p, c).stages;
+  {
+    const double t_stage = flops_per_k * static_cast<double>(c.tile_k) / (rate * eff);
+    // The filter drops configs with fewer than 2 stages; scored anyway, they count as 2.
+    const int in_flight = std::max(1, stages - 1);
+    const double cover = std::min(1.0, in_flight * t_stage / (t_stage + kLoadLatency));
+    if (cover < 1.0) {
+      eff *= cover;
+      reasons.push_back(std::to_string(stages) + " stages of " + fmt(t_stage * 1e6) +
+                          " us do not cover the loads' latency (x" + fmt(cover) + ")");
+    }
+  }
+  const int64_t sms = sm90_cluster_sms(c.cluster_m * c.cluster_n);
+  if (c.cluster_m * c.cluster_n > 1) {
+    const double loads = static_cast<double>(c.tile_m) / c.cluster_n + static_cast<double>(c.tile_n) / c.cluster_m;
+    const double gain = 1.0 + kClusterGainMax * (1.0 - loads / (c.tile_m + c.tile_n));
+    eff *= gain;
+    reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
+                        ": TMA multicast (x" + fmt(gain) + ")" +
+                        (sms < kSm90SmCount ? ", but only " + std::to_string(sms) + " of " +
+                                                  std::to_string(kSm90SmCount) + " SMs hold such clusters at once"
+                                            : ""));
+  }
+  if (c.cluster_m > tiles_m || c.cluster_n > tiles_n) {
+    reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + " over " +
+                        std::to_string(tiles_m) + "x" + std::to_string(tiles_n) +
+                        " tiles: padding CTAs idle in every cluster");
+  }
+  const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
+  const double epilogue_bytes = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
+                                (p.reads_source ? 2.0 : 1.0);
+  // The SMs storing at once share the bandwidth: all of them, or the grid's tiles if fewer.
+  const double storing = static_cast<double>(std::min<int64_t>(sms, tiles));
+  const double t_epilogue = epilogue_bytes / (hw.bandwidth / storing);
+  double t_tile = 0;
+  if (c.kernel_schedule == "pingpong") {
+    t_tile = std::max(t_main, t_epilogue);
+    reasons.push_back("pingpong: the epilogue (" + fmt(t_epilogue * 1e6) + " us a tile) " +
+                        (t_epilogue <= t_main ? "hides behind" : "outlasts") + " the other warpgroup's mainloop (" +
+                        fmt(t_main * 1e6) + " us)");
+  } else {
+    t_tile = t_main + t_epilogue;
+    reasons.push_back("cooperative: the epilogue (" + fmt(t_epilogue * 1e6) + " us a tile) follows the mainloop (" +
+                        fmt(t_main * 1e6) + " us)");
+  }
+  const int64_t waves = ceil_div(tiles, sms);
+  const int64_t last = tiles - (waves - 1) * sms;
+  double t_compute = static_cast<double>(waves) * t_tile;
+  const int64_t sk_tiles = c.tile_scheduler == "stream_k" ? stream_k_tiles(tiles, sms) : 0;
+  if (c.tile_scheduler == "stream_k") {
+    if (sk_tiles == 0) {
+      t_compute *= 1.01;
+      reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) +
+                          " tiles: whole waves, or a last wave at least half full)");
+    } else {
+      const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
+      const double t_iter = t_tile / static_cast<double>(k_iters);
+      const int64_t dp_waves = (tiles - sk_tiles) / sms;
+      const int64_t sk_useful = std::max<int64_t>(0, useful - dp_waves * sms);
+      // The fixup (partial accumulators reduced across SMs) costs a share of each SM's work,
+      // not of a whole tile's: a whole-K tile can be thousands of iterations long.
+      t_compute = static_cast<double>(dp_waves) * t_tile +
+                  static_cast<double>(ceil_div(sk_useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
+      reasons.push_back("stream_k: " + std::to_string(sk_useful * k_iters) + " K iterations of " +
+                          std::to_string(sk_useful) + " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
+                          (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
+    }
+  } else {
+    reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
+                        (waves > 1 ? "s" : "") + ", last " +
+                        fmt(100.0 * static_cast<double>(last) / static_cast<double>(sms), 3) + "% full" +
+                        (sms < kSm90SmCount ? " (" + std::to_string(sms) + " SMs)" : ""));
+  }
+  // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
+  // and clusters that load each operand once.
+  const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
+  const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
+  const double sk_share = static_cast<double>(sk_tiles) / static_cast<double>(std::max<int64_t>(1, tiles));
+  const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms, sk_share);
+  const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
+                       (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
+  const double t_mem = t_memory + extra / hw.bandwidth;
+  if (extra > 0) {
+    reasons.push_back("operands beyond L2 re-read: A x" + fmt(a_reads) + ", B x" + fmt(b_reads));
+  }
+  if (t_mem > t_compute) reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
+  return std::max(t_compute, t_mem);
+}
+
+// The model of an sm80 multistage kernel (3xTF32), the same terms in their sm80 form: no
+// clusters, no warp specialization (the epilogue follows the mainloop), a threadblock grid
+// instead of persistent CTAs, and as many CTAs on an SM as shared memory and registers allow,
+// each at its share of the SM's mma.sync rate (kMmaSyncShare of the WGMMA peak, a prior).
+static double model_multistage(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
+  const auto& hw = discover::hardware("sm90", "");
+  const int64_t batch = std::max<int64_t>(1, p.batch);
+  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+  const int64_t tiles = tiles_m * tiles_n * batch;
+  const auto [warps_m, warps_n] = multistage_warps(c);
+  const int64_t threads = 32 * warps_m * warps_n;
+  const int64_t smem = multistage_smem_bytes(c);
+  const int64_t resident = std::max<int64_t>(1, std::min(kSm90SmemPerSm / (smem + 1024),
+                                                         kRegistersPerSm / (threads * kMultistageRegisters)));
+  const double reuse = static_cast<double>(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n);
+  double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+  const double rate = rate_per_sm(p, c) / static_cast<double>(resident);  // one CTA's share
+  const double flops_per_k = 2.0 * c.tile_m * c.tile_n;
+  const double t_stage = flops_per_k * c.tile_k / (rate * eff);
+  const double cover = std::min(1.0, (c.stages - 1) * t_stage / (t_stage + kLoadLatency));
+  if (cover < 1.0) {
+    eff *= cover;
+    reasons.push_back(std::to_string(c.stages) + " stages of " + fmt(t_stage * 1e6) +
+                      " us do not cover the loads' latency (x" + fmt(cover) + ")");
+  }
+  const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
+  const int64_t slots = kSm90SmCount * resident;
+  const double storing = static_cast<double>(std::min(slots, tiles));
+  const double t_epilogue = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
+                            (p.reads_source ? 2.0 : 1.0) / (hw.bandwidth / storing);
+  const int64_t waves = ceil_div(tiles, slots);
+  const double t_compute = static_cast<double>(waves) * (t_main + t_epilogue);
+  reasons.push_back("sm80 multistage (mma.sync, 3xTF32): " + std::to_string(resident) + " CTA" +
+                    (resident > 1 ? "s" : "") + " of " + std::to_string(threads) + " threads and " + kb(smem) +
+                    " a SM; " + std::to_string(tiles) + " tiles in " + std::to_string(waves) + " wave" +
+                    (waves > 1 ? "s" : "") + "; the epilogue (" + fmt(t_epilogue * 1e6) +
+                    " us a tile) follows the mainloop (" + fmt(t_main * 1e6) + " us)");
+  const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
+  const double b_bytes = static_cast<double>(batch * p.k * p.n * bytes_of(p.dtype_b));
+  const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, slots, 0.0);
+  const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
+                       (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
+  const double t_mem = t_memory + extra / hw.bandwidth;
+  if (t_mem > t_compute) reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
+  return std::max(t_compute, t_mem);
+}
+
 std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs,
                               const std::vector<registry::Hit>& hits) {
   const auto& hw = discover::hardware("sm90", "");
@@ -493,103 +718,10 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
   for (const auto& c : configs) {
     Ranked r;
     r.config = c;
-    const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
-    const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
-    const int64_t tiles = grid_m * grid_n * batch;
-    const int64_t useful = tiles_m * tiles_n * batch;
-    // Efficiency.
-    const double tn_eff = static_cast<double>(p.b_operands) * c.tile_n;
-    const double reuse = c.tile_m * tn_eff / (c.tile_m + tn_eff);
-    double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
-    const double rate = rate_per_sm(p, c);
-    const double flops_per_k = 2.0 * p.b_operands * c.tile_m * c.tile_n;  // a tile's flops per unit of K
-    const int stages = smem_sm90(p, c).stages;
-    {
-      const double t_stage = flops_per_k * static_cast<double>(c.tile_k) / (rate * eff);
-      // The filter drops configs with fewer than 2 stages; scored anyway, they count as 2.
-      const int in_flight = std::max(1, stages - 1);
-      const double cover = std::min(1.0, in_flight * t_stage / (t_stage + kLoadLatency));
-      if (cover < 1.0) {
-        eff *= cover;
-        r.reasons.push_back(std::to_string(stages) + " stages of " + fmt(t_stage * 1e6) +
-                            " us do not cover the loads' latency (x" + fmt(cover) + ")");
-      }
-    }
-    const int64_t sms = sm90_cluster_sms(c.cluster_m * c.cluster_n);
-    if (c.cluster_m * c.cluster_n > 1) {
-      const double loads = static_cast<double>(c.tile_m) / c.cluster_n + static_cast<double>(c.tile_n) / c.cluster_m;
-      const double gain = 1.0 + kClusterGainMax * (1.0 - loads / (c.tile_m + c.tile_n));
-      eff *= gain;
-      r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
-                          ": TMA multicast (x" + fmt(gain) + ")" +
-                          (sms < kSm90SmCount ? ", but only " + std::to_string(sms) + " of " +
-                                                    std::to_string(kSm90SmCount) + " SMs hold such clusters at once"
-                                              : ""));
-    }
-    if (c.cluster_m > tiles_m || c.cluster_n > tiles_n) {
-      r.reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + " over " +
-                          std::to_string(tiles_m) + "x" + std::to_string(tiles_n) +
-                          " tiles: padding CTAs idle in every cluster");
-    }
-    const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
-    const double epilogue_bytes = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
-                                  (p.reads_source ? 2.0 : 1.0);
-    // The SMs storing at once share the bandwidth: all of them, or the grid's tiles if fewer.
-    const double storing = static_cast<double>(std::min<int64_t>(sms, tiles));
-    const double t_epilogue = epilogue_bytes / (hw.bandwidth / storing);
-    double t_tile = 0;
-    if (c.kernel_schedule == "pingpong") {
-      t_tile = std::max(t_main, t_epilogue);
-      r.reasons.push_back("pingpong: the epilogue (" + fmt(t_epilogue * 1e6) + " us a tile) " +
-                          (t_epilogue <= t_main ? "hides behind" : "outlasts") + " the other warpgroup's mainloop (" +
-                          fmt(t_main * 1e6) + " us)");
-    } else {
-      t_tile = t_main + t_epilogue;
-      r.reasons.push_back("cooperative: the epilogue (" + fmt(t_epilogue * 1e6) + " us a tile) follows the mainloop (" +
-                          fmt(t_main * 1e6) + " us)");
-    }
-    const int64_t waves = ceil_div(tiles, sms);
-    const int64_t last = tiles - (waves - 1) * sms;
-    double t_compute = static_cast<double>(waves) * t_tile;
-    const int64_t sk_tiles = c.tile_scheduler == "stream_k" ? stream_k_tiles(tiles, sms) : 0;
-    if (c.tile_scheduler == "stream_k") {
-      if (sk_tiles == 0) {
-        t_compute *= 1.01;
-        r.reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) +
-                            " tiles: whole waves, or a last wave at least half full)");
-      } else {
-        const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
-        const double t_iter = t_tile / static_cast<double>(k_iters);
-        const int64_t dp_waves = (tiles - sk_tiles) / sms;
-        const int64_t sk_useful = std::max<int64_t>(0, useful - dp_waves * sms);
-        // The fixup (partial accumulators reduced across SMs) costs a share of each SM's work,
-        // not of a whole tile's: a whole-K tile can be thousands of iterations long.
-        t_compute = static_cast<double>(dp_waves) * t_tile +
-                    static_cast<double>(ceil_div(sk_useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
-        r.reasons.push_back("stream_k: " + std::to_string(sk_useful * k_iters) + " K iterations of " +
-                            std::to_string(sk_useful) + " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
-                            (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
-      }
-    } else {
-      r.reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
-                          (waves > 1 ? "s" : "") + ", last " +
-                          fmt(100.0 * static_cast<double>(last) / static_cast<double>(sms), 3) + "% full" +
-                          (sms < kSm90SmCount ? " (" + std::to_string(sms) + " SMs)" : ""));
-    }
-    // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
-    // and clusters that load each operand once.
-    const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
-    const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
-    const double sk_share = static_cast<double>(sk_tiles) / static_cast<double>(std::max<int64_t>(1, tiles));
-    const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms, sk_share);
-    const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
-                         (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
-    const double t_mem = t_memory + extra / hw.bandwidth;
-    if (extra > 0) {
-      r.reasons.push_back("operands beyond L2 re-read: A x" + fmt(a_reads) + ", B x" + fmt(b_reads));
-    }
-    if (t_mem > t_compute) r.reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
-    r.est_us = std::max(t_compute, t_mem) * 1e6;
+    // The model's estimate, then what the registry measured.
+    r.est_us = (c.kernel_schedule == "multistage" ? model_multistage(p, c, t_memory, r.reasons)
+                                                  : model_sm90(p, c, t_memory, r.reasons)) *
+               1e6;
     r.score = r.est_us;
     // Registry: measurements of this very config. On this problem (exact), see below; on nearby
     // problems, the best-applying boost.

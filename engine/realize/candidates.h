@@ -110,13 +110,17 @@ bool supports_candidates(const discover::Match& m, const std::string& arch);
 
 // Step 1. The literal sm90 list for this problem: tiles x clusters x schedules, stages auto,
 // persistent (plus stream_k where K is long or the tile count is under one wave). f32 operands
-// get tile_k 32 and the math of `precision`.
+// get tile_k 32 and TF32 math under "high" and "medium"; under "highest" they get the sm80
+// multistage kernels in 3xTF32 instead (enumerate_multistage).
 std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& precision = "highest");
+// The fp32-accurate list: CUTLASS's 3xTF32 tiles and stages for sm80 kernels, which run on sm90.
+std::vector<GemmConfig> enumerate_multistage();
 
 // Step 2. Keeps or drops each config (any config, not only enumerated ones), in order.
 FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs);
 
-// Step 3. Scores the configs (all of them, best first). `hits`: registry rows for this
+// Step 3. Scores the configs (all of them, best first): the wave model of sm90 kernels or of sm80
+// multistage kernels, then the registry. `hits`: registry rows for this
 // signature and arch (Registry::lookup), used to boost configs measured fast on similar problems.
 std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs,
                               const std::vector<registry::Hit>& hits = {});

@@ -1,5 +1,6 @@
 #include "realize/config.h"
 
+#include <cstdint>
 #include <regex>
 
 namespace fact::realize {
@@ -9,6 +10,8 @@ std::string GemmConfig::name() const {
     if (s == "cooperative") return std::string("coop");
     if (s == "pingpong") return std::string("pp");
     if (s == "tma_cooperative") return std::string("tmacoop");
+    if (s == "multistage") return std::string("ms");
+    if (s == "visitor") return std::string("evt");
     return s;
   };
   std::string n = "t" + std::to_string(tile_m) + "x" + std::to_string(tile_n) + "x" + std::to_string(tile_k) +
@@ -21,7 +24,7 @@ std::string GemmConfig::name() const {
 
 bool GemmConfig::is_name(const std::string& text) {
   static const std::regex shape(
-      "t[0-9]+x[0-9]+x[0-9]+_c[0-9]+x[0-9]+_(coop|pp)_(tmacoop|tma)_s(auto|[0-9]+)_(persistent|stream_k)"
+      "t[0-9]+x[0-9]+x[0-9]+_c[0-9]+x[0-9]+_(coop|pp|ms)_(tmacoop|tma|evt)_s(auto|[0-9]+)_(persistent|stream_k|grid)"
       "(_(tf32|3xtf32))?");
   return std::regex_match(text, shape);
 }
@@ -50,6 +53,11 @@ GemmConfig GemmConfig::from_json(const nlohmann::json& j) {
   c.tile_scheduler = j.value("tile_scheduler", std::string("persistent"));
   c.math = j.value("math", std::string("default"));
   return c;
+}
+
+std::pair<int, int> multistage_warps(const GemmConfig& c) {
+  if (int64_t{c.tile_m} * c.tile_n < 16384) return {2, 2};
+  return c.tile_m >= c.tile_n ? std::pair{4, 2} : std::pair{2, 4};
 }
 
 std::string LaunchKnobs::name() const {

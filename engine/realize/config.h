@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fact::realize {
@@ -13,10 +14,13 @@ namespace fact::realize {
 struct GemmConfig {
   int tile_m = 128, tile_n = 128, tile_k = 64;
   int cluster_m = 1, cluster_n = 1;
-  std::string kernel_schedule = "cooperative";      // cooperative | pingpong (sm90 warp-specialized)
-  std::string epilogue_schedule = "tma_cooperative";  // tma_cooperative | tma (matches the kernel schedule)
-  int stages = 0;                                   // 0: as many as shared memory allows
-  std::string tile_scheduler = "persistent";        // persistent | stream_k
+  // cooperative | pingpong: sm90 warp-specialized (TMA + WGMMA); multistage: an sm80 kernel
+  // (cp.async + mma.sync), the only tensor-core form of 3xTF32 in CUTLASS for these GPUs.
+  std::string kernel_schedule = "cooperative";
+  // tma_cooperative | tma (matches the sm90 kernel schedule); visitor: the sm80 visitor epilogue
+  std::string epilogue_schedule = "tma_cooperative";
+  int stages = 0;                                   // 0: as many as shared memory allows (sm90)
+  std::string tile_scheduler = "persistent";        // persistent | stream_k (sm90); grid (sm80)
   std::string math = "default";                     // default | tf32 | 3xtf32 (f32 operands)
 
   std::string name() const;  // "t128x128x64_c2x1_coop_tmacoop_sauto_persistent"
@@ -26,6 +30,11 @@ struct GemmConfig {
   static GemmConfig from_json(const nlohmann::json& j);
   bool operator==(const GemmConfig&) const = default;
 };
+
+// Warps along M and N of a multistage (sm80) kernel's threadblock tile, as CUTLASS's generator
+// lays them out for 3xTF32 (GenerateSM80_TensorOp_1688_fast_fp32_math): 8 warps, 4 along the
+// longer side, for tiles of 16K elements or more; 2x2 below.
+std::pair<int, int> multistage_warps(const GemmConfig& c);
 
 // Run-time knobs of one launch of a compiled kernel (no recompilation to change them).
 struct LaunchKnobs {

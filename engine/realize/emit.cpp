@@ -223,13 +223,6 @@ GemmSpec GemmSpec::from_pattern(const json& p) {
     throw NotSupported("an operand is neither row- nor column-major (a strided view needs a copy)");
   }
   if (s.dtype_a != s.dtype_b) throw NotSupported("mixed A/B dtypes (" + s.dtype_a + ", " + s.dtype_b + ")");
-  if (s.dtype_a == "f32" && (s.layout_a != "row" || s.layout_b != "col")) {
-    // CUTLASS builds these (tf32 WGMMA reads K-major operands only, so its builder swaps or
-    // transposes through registers), but on the H200 every such kernel failed verification
-    // (bench run of 2026-11-30: rel err 1.41, unwritten outputs). Refuse until that is understood.
-    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + s.layout_a + " A, " +
-                       s.layout_b + " B");
-  }
   // Epilogue operands follow A and B in the plan's operand list.
   const auto& ops = p.at("operands");
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -374,55 +367,66 @@ json gated_mlp_tail(const json& lowered) {
                      {"strides", strides}}}};
 }
 
-EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
-  // f32 operands run as tf32 WGMMA; CUTLASS's builder transposes non-K-major operands itself.
-  if (c.math == "3xtf32") throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels, not emitted yet");
-  MathFns math;
-  if (spec.dtype_out == "bf16" || spec.dtype_out == "f16") math = {"cutlass::fast_tanh", "cutlass::fast_exp"};
-  EmittedKernel k;
-  const std::string dt = spec.dtype_a == spec.dtype_out ? spec.dtype_a : spec.dtype_a + "to" + spec.dtype_out;
-  k.name = "fact_gemm_" + dt + "_" + spec.layout_a.substr(0, 1) + spec.layout_b.substr(0, 1) + "_" + spec.id() +
-           "_" + c.name();
+namespace {
 
-  std::string leaves, fusion_args = "{{}", checks, c_pointer = "nullptr", c_ld = "0", c_batch = "0";
-  std::string element_c = "void";
-  std::string params = "T const& x0";
+// The epilogue visitor tree's leaves after the accumulator, one per operand, with their
+// arguments and null checks; an sm90 tree fetches a full operand through the collective's C,
+// an sm80 tree through an aux load.
+struct EvtLeaves {
+  std::string types, args, checks, params = "T const& x0";
+  std::string element_c = "void", c_pointer = "nullptr", c_ld = "0", c_batch = "0";  // sm90's C
+};
+
+EvtLeaves evt_leaves(const GemmSpec& spec, bool sm90) {
+  EvtLeaves l;
   for (size_t i = 0; i < spec.operands.size(); ++i) {
     const auto& o = spec.operands[i];
     const std::string el = cutlass_element(o.dtype.empty() ? spec.dtype_out : o.dtype);
     const std::string idx = std::to_string(i);
-    params += ", T const& x" + std::to_string(i + 1);
+    const std::string ptr = "static_cast<const " + el + "*>(p->operands[" + idx + "])";
+    const std::string batch = "p->operand_batch_stride[" + idx + "]";
+    l.params += ", T const& x" + std::to_string(i + 1);
+    l.checks += "  if (!p->operands[" + idx + "]) return fail(FACT_INVALID_ARGS, \"epilogue operand " + idx + " (" + o.kind +
+                ") is null\");\n";
     if (o.kind == "row") {
-      leaves += ",\n    Sm90RowBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_0, _1, int64_t>>";
-      fusion_args += ", {static_cast<const " + el + "*>(p->operands[" + idx + "]), " + el + "(0), {_0{}, _1{}, p->operand_batch_stride[" + idx + "]}}";
+      l.types += sm90 ? ",\n    Sm90RowBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_0, _1, int64_t>>"
+                      : ",\n    VisitorRowBroadcast<OutputTileThreadMap, " + el + ", Stride<_0, _1, int64_t>>";
+      l.args += ", {" + ptr + ", " + el + "(0), {_0{}, _1{}, " + batch + "}}";
     } else if (o.kind == "col") {
-      leaves += ",\n    Sm90ColBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_1, _0, int64_t>>";
-      fusion_args += ", {static_cast<const " + el + "*>(p->operands[" + idx + "]), " + el + "(0), {_1{}, _0{}, p->operand_batch_stride[" + idx + "]}}";
+      l.types += sm90 ? ",\n    Sm90ColBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_1, _0, int64_t>>"
+                      : ",\n    VisitorColBroadcast<OutputTileThreadMap, " + el + ", Stride<_1, _0, int64_t>>";
+      l.args += ", {" + ptr + ", " + el + "(0), {_1{}, _0{}, " + batch + "}}";
     } else if (o.kind == "scalar") {
-      leaves += ",\n    Sm90ScalarBroadcast<" + el + ">";
-      fusion_args += ", {{" + el + "(0)}, {static_cast<const " + el + "*>(p->operands[" + idx + "])}}";
+      l.types += sm90 ? ",\n    Sm90ScalarBroadcast<" + el + ">" : ",\n    VisitorScalarBroadcast<" + el + ">";
+      l.args += ", {{" + el + "(0)}, {" + ptr + "}}";
+    } else if (o.kind == "full" && sm90) {
+      l.types += ",\n    Sm90SrcFetch<ElementC>";
+      l.args += ", {}";
+      l.element_c = el;
+      l.c_pointer = "p->operands[" + idx + "]";
+      l.c_ld = "p->operand_ld[" + idx + "]";
+      l.c_batch = batch;
     } else if (o.kind == "full") {
-      leaves += ",\n    Sm90SrcFetch<ElementC>";
-      fusion_args += ", {}";
-      element_c = el;
-      c_pointer = "p->operands[" + idx + "]";
-      c_ld = "p->operand_ld[" + idx + "]";
-      c_batch = "p->operand_batch_stride[" + idx + "]";
+      l.types += ",\n    VisitorAuxLoad<OutputTileThreadMap, " + el + ", Stride<int64_t, _1, int64_t>>";
+      l.args += ", {const_cast<" + el + "*>(" + ptr + "), " + el + "(0), {p->operand_ld[" + idx + "], _1{}, " + batch +
+                "}}";
+      l.checks += "  if (reinterpret_cast<uintptr_t>(p->operands[" + idx + "]) % 16 || p->operand_ld[" + idx +
+                  "] % (16 / sizeof(" + el + "))) {\n    return fail(FACT_NOT_SUPPORTED, \"epilogue operand " + idx +
+                  " (full) needs a 16-byte aligned pointer and leading dimension\");\n  }\n";
     } else {
       throw NotSupported("epilogue operand kind '" + o.kind + "'");
     }
-    checks += "  if (!p->operands[" + idx + "]) return fail(FACT_INVALID_ARGS, \"epilogue operand " + idx + " (" +
-              o.kind + ") is null\");\n";
   }
-  fusion_args += ", {}}";
-  checks += "  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, \"reduction knob must be 0 "
-            "(deterministic) or 1 (nondeterministic)\");\n";
-  if (c.tile_scheduler != "stream_k") {
-    checks += "  if (p->splits > 1) return fail(FACT_INVALID_ARGS, \"split-K needs a stream_k kernel\");\n";
-    checks += "  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, \"a nondeterministic reduction needs a stream_k "
-              "kernel\");\n";
-  }
-  const bool coop = c.kernel_schedule == "cooperative";
+  return l;
+}
+
+std::string gemm_kernel_name(const GemmSpec& spec, const GemmConfig& c) {
+  const std::string dt = spec.dtype_a == spec.dtype_out ? spec.dtype_a : spec.dtype_a + "to" + spec.dtype_out;
+  return "fact_gemm_" + dt + "_" + spec.layout_a.substr(0, 1) + spec.layout_b.substr(0, 1) + "_" + spec.id() + "_" +
+         c.name();
+}
+
+json gemm_kernel_info(const GemmSpec& spec, const GemmConfig& c) {
   json info = {{"family", spec.family},
                {"dtype_a", spec.dtype_a},
                {"dtype_b", spec.dtype_b},
@@ -433,15 +437,93 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
                {"operands", json::array()},
                {"config", c.to_json()}};
   for (const auto& o : spec.operands) info["operands"].push_back({{"kind", o.kind}, {"dtype", o.dtype}});
+  if (c.math != "default") info["math"] = c.math;
+  return info;
+}
+
+MathFns math_fns(const GemmSpec& spec) {
+  if (spec.dtype_out == "bf16" || spec.dtype_out == "f16") return {"cutlass::fast_tanh", "cutlass::fast_exp"};
+  return {};
+}
+
+}  // namespace
+
+EmittedKernel emit_gemm(const GemmSpec& spec, const GemmConfig& c) {
+  return c.kernel_schedule == "multistage" ? emit_gemm_sm80(spec, c) : emit_gemm_sm90(spec, c);
+}
+
+EmittedKernel emit_gemm_sm80(const GemmSpec& spec, const GemmConfig& c) {
+  if (c.kernel_schedule != "multistage") throw NotSupported("an sm80 GEMM needs the multistage schedule");
+  if (spec.dtype_a != "f32" || c.math != "3xtf32") {
+    throw NotSupported("sm80 GEMMs are emitted for f32 operands in 3xTF32 only (got " + spec.dtype_a + ", math " +
+                       c.math + ")");
+  }
+  if (c.stages < 3) throw NotSupported("an sm80 multistage GEMM needs at least 3 stages");
+  const auto [warps_m, warps_n] = multistage_warps(c);
+  const EvtLeaves leaves = evt_leaves(spec, false);
+  EmittedKernel k;
+  k.name = gemm_kernel_name(spec, c);
+  const std::map<std::string, std::string> vars = {
+      {"fact_version", "0.1.0"},
+      {"kernel_name", k.name},
+      {"epilogue_text", spec.epilogue_text},
+      {"math_text", "3xTF32 (each f32 operand split into a TF32 big and small part, three MMAs: fp32-accurate)"},
+      {"math_operator", "cutlass::arch::OpMultiplyAddFastF32"},
+      {"element_a", cutlass_element(spec.dtype_a)},
+      {"element_b", cutlass_element(spec.dtype_b)},
+      {"element_d", cutlass_element(spec.dtype_out)},
+      {"layout_a", spec.layout_a == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
+      {"layout_b", spec.layout_b == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
+      {"tile_m", std::to_string(c.tile_m)},
+      {"tile_n", std::to_string(c.tile_n)},
+      {"tile_k", std::to_string(c.tile_k)},
+      {"warps_m", std::to_string(warps_m)},
+      {"warps_n", std::to_string(warps_n)},
+      {"stages", std::to_string(c.stages)},
+      {"functor_params", leaves.params},
+      {"functor_body", functor_body(spec.ssa, spec.operands.size(), math_fns(spec))},
+      {"evt_leaves", leaves.types},
+      {"fusion_arguments", leaves.args},
+      {"operand_checks", leaves.checks},
+      {"kernel_info", gemm_kernel_info(spec, c).dump()},
+  };
+  k.source = substitute(templates::kGemmSm80, vars);
+  return k;
+}
+
+EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
+  if (c.kernel_schedule == "multistage") throw NotSupported("a multistage config is an sm80 kernel (emit_gemm_sm80)");
+  if (c.math == "3xtf32") {
+    throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels in CUTLASS (no sm90 form): emit_gemm_sm80");
+  }
+  if (spec.dtype_a == "f32" && (spec.layout_a != "row" || spec.layout_b != "col")) {
+    // CUTLASS builds these (tf32 WGMMA reads K-major operands only, so its builder swaps or
+    // transposes through registers), but on the H200 every such kernel failed verification
+    // (bench run of 2026-11-30: rel err 1.41, unwritten outputs). Refuse until that is understood.
+    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + spec.layout_a + " A, " +
+                       spec.layout_b + " B");
+  }
+  const EvtLeaves leaves = evt_leaves(spec, true);
+  EmittedKernel k;
+  k.name = gemm_kernel_name(spec, c);
+  std::string checks = leaves.checks;
+  checks += "  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, \"reduction knob must be 0 "
+            "(deterministic) or 1 (nondeterministic)\");\n";
+  if (c.tile_scheduler != "stream_k") {
+    checks += "  if (p->splits > 1) return fail(FACT_INVALID_ARGS, \"split-K needs a stream_k kernel\");\n";
+    checks += "  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, \"a nondeterministic reduction needs a stream_k "
+              "kernel\");\n";
+  }
+  const bool coop = c.kernel_schedule == "cooperative";
   const std::map<std::string, std::string> vars = {
       {"fact_version", "0.1.0"},
       {"kernel_name", k.name},
       {"epilogue_text", spec.epilogue_text},
       {"element_a", cutlass_element(spec.dtype_a)},
       {"element_b", cutlass_element(spec.dtype_b)},
-      {"element_c", element_c},
+      {"element_c", leaves.element_c},
       {"element_d", cutlass_element(spec.dtype_out)},
-      {"align_c", element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
+      {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
       {"layout_a", spec.layout_a == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
       {"layout_b", spec.layout_b == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
       {"tile_m", std::to_string(c.tile_m)},
@@ -458,13 +540,13 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
       {"stage_count",
        c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
                     : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
-      {"functor_params", params},
-      {"functor_body", functor_body(spec.ssa, spec.operands.size(), math)},
-      {"evt_leaves", leaves},
-      {"fusion_arguments", fusion_args},
-      {"c_pointer", c_pointer},
-      {"c_ld", c_ld},
-      {"c_batch_stride", c_batch},
+      {"functor_params", leaves.params},
+      {"functor_body", functor_body(spec.ssa, spec.operands.size(), math_fns(spec))},
+      {"evt_leaves", leaves.types},
+      {"fusion_arguments", "{{}" + leaves.args + ", {}}"},
+      {"c_pointer", leaves.c_pointer},
+      {"c_ld", leaves.c_ld},
+      {"c_batch_stride", leaves.c_batch},
       {"scheduler_splits", c.tile_scheduler == "stream_k"
                                ? "a.scheduler.splits = p->splits > 0 ? p->splits : 1;\n"
                                  "  using Reduction = decltype(a.scheduler.reduction_mode);\n"
@@ -472,7 +554,7 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
                                  "                                                 : Reduction::Deterministic;"
                                : "// persistent scheduler: no split-K, no reduction"},
       {"operand_checks", checks},
-      {"kernel_info", info.dump()},
+      {"kernel_info", gemm_kernel_info(spec, c).dump()},
   };
   k.source = substitute(templates::kGemmSm90, vars);
   return k;

@@ -1,5 +1,5 @@
 // Emission: a GEMM-family pattern (as the plan describes it) plus a GemmConfig -> one CUDA C++
-// source for sm_90a that exports the C ABI in abi/fact_gemm_abi.h.
+// source, built for sm_90a, that exports the C ABI in abi/fact_gemm_abi.h.
 //
 // The pattern's epilogue expression becomes one compute node over fragments at the root of an
 // epilogue visitor tree whose leaves fetch the accumulator and the operands (row and column
@@ -46,7 +46,13 @@ struct EmittedKernel {
   std::string source;  // the .cu text
 };
 
+// The kernel of `config`: emit_gemm_sm80 for a multistage config, else emit_gemm_sm90.
+EmittedKernel emit_gemm(const GemmSpec& spec, const GemmConfig& config);
 EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& config);
+// CUTLASS 2.x sm80 GEMM, cp.async multistage + mma.sync, with an sm80 epilogue visitor tree (the
+// same operand kinds; a full operand is an aux load). For f32 operands in 3xTF32 (the
+// fp32-accurate GEMMs under precision "highest"); runs on sm80 and later, sm90 included.
+EmittedKernel emit_gemm_sm80(const GemmSpec& spec, const GemmConfig& config);
 
 // A gated MLP, act(x @ W_gate^T) * (x @ W_up^T), as one GEMM pattern with a fused epilogue:
 // the up projection stays a plain GEMM (PyTorch's) and the gate GEMM's epilogue computes

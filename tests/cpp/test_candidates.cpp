@@ -108,13 +108,21 @@ TEST(Candidates, EnumerationIsTheLiteralList) {
   EXPECT_EQ(names.size(), all.size());
   EXPECT_TRUE(names.count("t128x128x64_c2x1_coop_tmacoop_sauto_persistent"));
 
-  // f32: tile_k 32 and the precision's tensor-core math.
+  // f32: tile_k 32 and TF32 WGMMAs where the precision allows TF32; where it asks for
+  // fp32-accurate results, CUTLASS's 3xTF32 list of sm80 multistage kernels.
   const auto f32 = GemmProblem::from_match(gemm_match(8192, 8192, 4096, "f32"));
-  for (const auto& c : enumerate_sm90(f32, "highest")) {
+  for (const auto& c : enumerate_sm90(f32, "high")) {
     EXPECT_EQ(c.tile_k, 32);
-    EXPECT_EQ(c.math, "3xtf32");
+    EXPECT_EQ(c.math, "tf32");
   }
-  EXPECT_EQ(enumerate_sm90(f32, "high").at(0).math, "tf32");
+  const auto accurate = enumerate_sm90(f32, "highest");
+  EXPECT_EQ(accurate.size(), 13u);
+  for (const auto& c : accurate) {
+    EXPECT_EQ(c.kernel_schedule, "multistage");
+    EXPECT_EQ(c.math, "3xtf32");
+    EXPECT_TRUE(GemmConfig::is_name(c.name())) << c.name();
+    EXPECT_EQ(verdict(f32, c), "") << c.name();  // CUTLASS's own list passes the filter
+  }
 
   // Long K (k >= 8 max(m, n)): every config also gets a stream_k twin.
   const auto long_k = enumerate_sm90(bf16_problem(512, 512, 8192));
@@ -604,4 +612,55 @@ TEST(Candidates, RegistryConfigsOfAnotherMathAreNotCandidates) {
   }
 }
 
+}  // namespace fact::realize
+
+namespace fact::realize {
+namespace {
+
+// sm80 multistage (3xTF32) configs: what the filter drops, and why.
+TEST(Candidates, MultistageFilterDropsWhatCutlassCannotBuild) {
+  const auto p = GemmProblem::from_match(gemm_match(4096, 4096, 4096, "f32"));
+  const GemmConfig good = enumerate_multistage().at(0);  // 128x128x16, 4 stages
+  auto with = [&](auto change) {
+    GemmConfig c = good;
+    change(c);
+    return verdict(p, c);
+  };
+  EXPECT_EQ(verdict(p, good), "");
+  EXPECT_NE(with([](GemmConfig& c) { c.cluster_m = 2; }).find("no cluster"), std::string::npos);
+  EXPECT_NE(with([](GemmConfig& c) { c.tile_k = 64; }).find("tile_k 64 is not 16 or 32"), std::string::npos);
+  EXPECT_NE(with([](GemmConfig& c) { c.stages = 2; }).find("needs 3"), std::string::npos);
+  EXPECT_NE(with([](GemmConfig& c) { c.math = "tf32"; }).find("3xTF32 only"), std::string::npos);
+  // 256x128 on 8 warps: 128 accumulators a thread, beyond what 3xTF32's fragments leave room for.
+  EXPECT_NE(with([](GemmConfig& c) { c.tile_m = 256; }).find("registers: a 256x128x16 tile on 8 warps is 128"),
+            std::string::npos);
+  // 128x128x32 in 8 stages: 256 KB of shared memory.
+  EXPECT_NE(with([](GemmConfig& c) {
+              c.tile_k = 32;
+              c.stages = 8;
+            }).find("shared memory: 128x128x32 needs 256 KB"),
+            std::string::npos);
+  const auto bf16 = bf16_problem(4096, 4096, 4096);
+  EXPECT_NE(verdict(bf16, good).find("f32 operands in 3xTF32 only"), std::string::npos);
+}
+
+// Under "highest" every candidate of an f32 GEMM is a 3xTF32 kernel, ranked by the sm80 model:
+// a large problem takes a big tile, a small one a small tile that fills more SMs.
+TEST(Candidates, HighestRanksTheMultistageKernels) {
+  CandidateOptions opt;
+  opt.precision = "highest";
+  opt.top_n = 3;
+  const auto big = candidates(gemm_match(8192, 8192, 4096, "f32"), opt);
+  ASSERT_EQ(big.ranked.size(), 3u);
+  for (const auto& r : big.ranked) EXPECT_EQ(r.config.math, "3xtf32");
+  EXPECT_EQ(big.ranked.at(0).config.tile_m * big.ranked.at(0).config.tile_n, 128 * 128)
+      << big.ranked.at(0).config.name();
+  EXPECT_NE(big.ranked.at(0).reasons.at(0).find("sm80 multistage"), std::string::npos);
+  const auto small = candidates(gemm_match(256, 512, 1024, "f32"), opt);
+  EXPECT_EQ(small.ranked.at(0).config.tile_m * small.ranked.at(0).config.tile_n, 64 * 64)
+      << small.ranked.at(0).config.name();
+  // (Registry rows of TF32 kernels stay out: RegistryConfigsOfAnotherMathAreNotCandidates.)
+}
+
+}  // namespace
 }  // namespace fact::realize

@@ -11,6 +11,7 @@
 
 #include "ir/error.h"
 #include "golden.h"
+#include "realize/candidates.h"
 #include "realize/emit.h"
 
 namespace fact::realize {
@@ -124,6 +125,38 @@ TEST(Emit, Tf32StreamKSplitsAreARuntimeKnob) {
   expect_golden(k, "gemm_f32_rc_tf32_streamk.cu");
 }
 
+// fp32-accurate GEMMs under "highest": CUTLASS's sm80 multistage kernel with 3xTF32 MMAs and an
+// sm80 epilogue visitor tree (row, column, scalar and full operands; the full one through an aux
+// load), the same C ABI.
+TEST(Emit, ThreeXTf32IsAnSm80KernelWithAVisitorEpilogue) {
+  json ssa = json::array({acc(), opnd(1, 0), fn(2, "add", {0, 1}), opnd(3, 1), fn(4, "mul", {2, 3}), opnd(5, 2),
+                          fn(6, "sub", {4, 5}), fn(7, "relu", {6}), opnd(8, 3), fn(9, "add", {7, 8})});
+  const auto spec = GemmSpec::from_pattern(pattern(
+      "f32", "row", "row", ssa,
+      {operand("bias", "f32[48]", "row"), operand("s", "f32[64, 1]", "col"), operand("t", "f32[]", "scalar"),
+       operand("r", "f32[64, 48]", "full")},
+      "relu((acc + bias) * s - t) + r"));
+  GemmConfig c;
+  for (const auto& m : enumerate_multistage()) {
+    if (m.tile_m == 128 && m.tile_n == 128 && m.tile_k == 16 && m.stages == 4) c = m;
+  }
+  ASSERT_EQ(c.name(), "t128x128x16_c1x1_ms_evt_s4_grid_3xtf32");
+  EXPECT_TRUE(GemmConfig::is_name(c.name()));
+  const auto k = emit_gemm(spec, c);
+  EXPECT_EQ(k.name.rfind("fact_gemm_f32_rr_", 0), 0u) << k.name;
+  EXPECT_NE(k.source.find("cutlass::arch::OpMultiplyAddFastF32"), std::string::npos);
+  EXPECT_NE(k.source.find("GemmShape<128 / 4, 128 / 2, 16>"), std::string::npos);  // 4x2 warps of 32x64
+  EXPECT_NE(k.source.find("VisitorRowBroadcast<OutputTileThreadMap, float"), std::string::npos);
+  EXPECT_NE(k.source.find("VisitorColBroadcast<OutputTileThreadMap, float"), std::string::npos);
+  EXPECT_NE(k.source.find("VisitorScalarBroadcast<float>"), std::string::npos);
+  EXPECT_NE(k.source.find("VisitorAuxLoad<OutputTileThreadMap, float"), std::string::npos);
+  EXPECT_EQ(k.source.find("Sm90"), std::string::npos);
+  EXPECT_EQ(k.source.find("fast_tanh"), std::string::npos);  // f32 output keeps accurate libm
+  EXPECT_NE(k.source.find("\"math\":\"3xtf32\""), std::string::npos);  // kernel info says the math
+  EXPECT_NE(k.source.find("\"split-K needs a stream_k kernel (this is an sm80 kernel)\""), std::string::npos);
+  expect_golden(k, "gemm_f32_rr_3xtf32_row_col_scalar_full_multistage.cu");
+}
+
 TEST(Emit, LaunchKnobsNameAndJsonCarryTheReduction) {
   LaunchKnobs k;
   EXPECT_EQ(k.name(), "r_heur_s1_k1");
@@ -159,12 +192,26 @@ TEST(Emit, UnsupportedPatternsSayWhy) {
   EXPECT_THROW(GemmSpec::from_pattern(attention), NotSupported);
   auto strided = pattern("bf16", "strided", "col", json::array({acc()}), {}, "acc");
   EXPECT_THROW(GemmSpec::from_pattern(strided), NotSupported);
-  // tf32 with an MN-major operand: built by CUTLASS but wrong on the H200 (see emit.cpp).
-  EXPECT_THROW(GemmSpec::from_pattern(pattern("f32", "row", "row", json::array({acc()}), {}, "acc")), NotSupported);
+  // tf32 with an MN-major operand: built by CUTLASS but wrong on the H200 (see emit.cpp). The
+  // sm80 3xTF32 kernels take any layout.
+  const auto row_row = GemmSpec::from_pattern(pattern("f32", "row", "row", json::array({acc()}), {}, "acc"));
+  auto tf32 = config(128, 128, 32, 1, 1, "cooperative");
+  tf32.math = "tf32";
+  EXPECT_THROW(emit_gemm_sm90(row_row, tf32), NotSupported);
+  EXPECT_NO_THROW(emit_gemm(row_row, enumerate_multistage().at(0)));
   const auto spec = GemmSpec::from_pattern(pattern("f32", "row", "col", json::array({acc()}), {}, "acc"));
   auto c = config(128, 128, 32, 1, 1, "cooperative");
-  c.math = "3xtf32";
+  c.math = "3xtf32";  // 3xTF32 has no sm90 kernel in CUTLASS
   EXPECT_THROW(emit_gemm_sm90(spec, c), NotSupported);
+  EXPECT_THROW(emit_gemm_sm80(spec, c), NotSupported);  // not a multistage config
+  auto ms = enumerate_multistage().at(0);
+  ms.math = "tf32";
+  EXPECT_THROW(emit_gemm_sm80(spec, ms), NotSupported);  // sm80 kernels are for 3xTF32 only
+  ms = enumerate_multistage().at(0);
+  ms.stages = 2;
+  EXPECT_THROW(emit_gemm_sm80(spec, ms), NotSupported);
+  const auto bf16 = GemmSpec::from_pattern(pattern("bf16", "row", "col", json::array({acc()}), {}, "acc"));
+  EXPECT_THROW(emit_gemm_sm80(bf16, enumerate_multistage().at(0)), NotSupported);
   auto cast_int = pattern("bf16", "row", "col",
                           json::array({acc(), json{{"id", 1}, {"op", "cast"}, {"args", {0}}, {"dtype", "i32"}}}), {}, "");
   EXPECT_THROW(emit_gemm_sm90(GemmSpec::from_pattern(cast_int), c), NotSupported);

@@ -130,6 +130,37 @@ def test_warm_optimize_reuses_decisions(optimized):
     assert not (run / "warm" / "manifest.json").exists()  # nothing realized, nothing compiled
 
 
+def test_fp32_highest_runs_fp32_accurate_kernels(tmp_path):
+    """fp32 under "highest": the MLP's two GEMM patterns become CUTLASS's sm80 3xTF32 kernels,
+    every candidate verified at the fp32-accurate bound, the report names the math, and the
+    module is as close to a float64 reference as eager is."""
+    import copy
+
+    torch.manual_seed(3)
+    model = GeluMLP().cuda().eval()
+    x = torch.randn(4, 512, 512, device="cuda")
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        opt = fact.optimize(model, [x], candidates=2, run_dir=tmp_path / "run", quiet=True,
+                            require_faster=False, use_cache=False, precision="highest")  # fmt: skip
+        patterns = opt.report["patterns"]
+        assert [p["family"] for p in patterns] == ["gemm", "gemm"]
+        for p in patterns:
+            generated = [c for c in p["candidates"] if c["impl"].startswith("cutlass:")]
+            assert len(generated) == 2 and all(c["ok"] for c in generated), p
+            assert all(c["impl"].endswith("_3xtf32") for c in generated), p
+            assert p["chosen"].startswith("cutlass:") and p["math"] == "3xtf32", p
+        y = torch.randn_like(x)
+        reference = copy.deepcopy(model).double()(y.double())
+        with torch.no_grad():
+            ours, eager = opt(y), model(y)
+        assert rel_err(ours.double(), reference) <= 2 * rel_err(eager.double(), reference) + 1e-7
+        assert rel_err(ours, eager) <= 1e-5
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 class Norms(nn.Module):
     """A LayerNorm op and a hand-written RMSNorm (Llama's), each a row-norm pattern."""
 

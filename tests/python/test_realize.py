@@ -85,6 +85,49 @@ def test_realize_compiles_one_kernel_and_reuses_it(engine_available, tmp_path):
     assert time.perf_counter() - start < 60
 
 
+def test_realize_compiles_an_fp32_accurate_gemm(engine_available, tmp_path):
+    """fp32 under "highest": the GEMM's candidates are CUTLASS's sm80 multistage kernels in
+    3xTF32 (no sm90 kernel splits operands into TF32 halves), built for sm_90a with an sm80
+    epilogue visitor tree (the residual through an aux load). The library exports the GEMM ABI,
+    says its math, and refuses on the CPU what it cannot run: a split-K knob, a misaligned
+    operand."""
+    from fact.tune.abi import FactGemmArgs, KernelLibrary, Status
+
+    problem = tmp_path / "sigmoid_residual.py"
+    problem.write_text(PROBLEM)
+    flags = ("--dtype", "fp32", "--precision", "highest")
+    res = realize(problem, tmp_path / "run", tmp_path / "cache", *flags)
+    assert res.returncode == 0, res.stderr
+    (entry,) = json.loads(res.stdout)
+    assert (entry["family"], entry["status"]) == ("gemm", "compiled"), entry
+    config = entry["config"]
+    assert (config["kernel_schedule"], config["math"]) == ("multistage", "3xtf32"), config
+    source = (tmp_path / "run" / "src" / f"{entry['kernel']}.cu").read_text()
+    assert "OpMultiplyAddFastF32" in source
+    assert "VisitorAuxLoad<OutputTileThreadMap, float" in source
+    lib = KernelLibrary(tmp_path / "run" / entry["library"])
+    assert lib.family == "gemm" and lib.info["math"] == "3xtf32"
+
+    def args(**override) -> FactGemmArgs:
+        a = FactGemmArgs(m=64, n=512, k=256, batch=1, a=0x10000, lda=256, b=0x20000, ldb=256)
+        a.d, a.ldd = 0x30000, 512
+        a.operands[0], a.operands[1], a.operand_ld[1] = 0x40000, 0x50000, 512
+        for key, value in override.items():
+            setattr(a, key, value)
+        return a
+
+    assert lib.can_implement(args()) == Status.OK, lib.last_error()
+    assert lib.can_implement(args(splits=2)) == Status.INVALID_ARGS
+    assert "split-K" in lib.last_error()
+    assert lib.can_implement(args(a=0x10004)) == Status.NOT_SUPPORTED
+    assert "16-byte aligned" in lib.last_error()
+    assert lib.can_implement(args(k=254, lda=254, ldb=254)) == Status.NOT_SUPPORTED
+    bad_residual = args()
+    bad_residual.operand_ld[1] = 510
+    assert lib.can_implement(bad_residual) == Status.NOT_SUPPORTED
+    assert "epilogue operand 1 (full)" in lib.last_error()
+
+
 def _norm_problem(tmp_path, cols: int):
     problem = tmp_path / f"norm{cols}.py"
     problem.write_text(

@@ -1228,6 +1228,9 @@ def test_knob_combinations_and_info_checks():
     persistent = knob_combinations(None, {"tile_scheduler": "persistent"})
     assert not any("reduction" in k for k in persistent)
     assert knob_combinations(mode="default") == [DEFAULT_KNOBS]
+    # an sm80 multistage (3xTF32) kernel: fixed swizzle, no split-K, so the default alone
+    multistage = {"kernel_schedule": "multistage", "tile_scheduler": "grid"}
+    assert knob_combinations({"search_space": {"swizzle": [1, 2]}}, multistage) == [DEFAULT_KNOBS]
     info = kernel_info(MINIGPT_GELU)
     assert check_kernel_info(info, MINIGPT_GELU) == []
     assert check_kernel_info({**info, "layout_b": "row"}, MINIGPT_GELU)

@@ -157,7 +157,11 @@ class GemmImpl(Impl):
         entry = GemmKernel(spec, backend, library, dict(knobs or {}), label)
         self.handle = register_kernel(entry)
         name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'gemm'}"
-        super().__init__(name, "generated", {"backend": backend, "knobs": dict(knobs or {})})
+        detail = {"backend": backend, "knobs": dict(knobs or {})}
+        info = library.info if library is not None else {}
+        if backend == "cutlass" and info.get("math"):
+            detail["math"] = info["math"]  # f32: tf32 | 3xtf32, shown in the report
+        super().__init__(name, "generated", detail)
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         ops = pattern.get("operands") or []

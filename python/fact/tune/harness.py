@@ -566,11 +566,13 @@ def knob_combinations(
     "sweep": that, plus raster x swizzle from the pattern's search_space (along_m/along_n x
     1/2/4/8 when it has none), plus split-K 2 and 4 for stream-K kernels, and for those (unless
     `deterministic`, PyTorch's torch.use_deterministic_algorithms) the nondeterministic
-    reduction with each raster order and no swizzle."""
-    if mode == "default":
-        return [dict(DEFAULT_KNOBS)]
-    if mode != "sweep":
+    reduction with each raster order and no swizzle. An sm80 multistage kernel takes the default
+    alone: its threadblock swizzle is fixed and it has no split-K."""
+    if mode not in ("default", "sweep"):
         raise FactError(f"knob mode {mode!r} is not 'default' or 'sweep'")
+    # sm80 multistage kernels (3xTF32) have a fixed threadblock swizzle and no split-K.
+    if mode == "default" or (config or {}).get("kernel_schedule") == "multistage":
+        return [dict(DEFAULT_KNOBS)]
     space = (pattern or {}).get("search_space") or {}
     rasters = [r for r in space.get("raster", ["along_m", "along_n"]) if r in RASTER]
     swizzles = [int(s) for s in space.get("swizzle", [1, 2, 4, 8])]

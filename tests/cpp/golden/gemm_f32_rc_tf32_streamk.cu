@@ -168,7 +168,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
 __attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_gemm_f32_rc_b11474f177_t128x128x32_c1x1_coop_tmacoop_sauto_stream_k_tf32"; }
-__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[1,1],"epilogue_schedule":"tma_cooperative","kernel_schedule":"cooperative","math":"tf32","name":"t128x128x32_c1x1_coop_tmacoop_sauto_stream_k_tf32","stages":0,"tile":[128,128,32],"tile_scheduler":"stream_k"},"dtype_a":"f32","dtype_b":"f32","dtype_out":"f32","epilogue":"acc","family":"gemm","layout_a":"row","layout_b":"col","operands":[]})FACTJSON"; }
+__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[1,1],"epilogue_schedule":"tma_cooperative","kernel_schedule":"cooperative","math":"tf32","name":"t128x128x32_c1x1_coop_tmacoop_sauto_stream_k_tf32","stages":0,"tile":[128,128,32],"tile_scheduler":"stream_k"},"dtype_a":"f32","dtype_b":"f32","dtype_out":"f32","epilogue":"acc","family":"gemm","layout_a":"row","layout_b":"col","math":"tf32","operands":[]})FACTJSON"; }
 __attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
 
 __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
