@@ -759,19 +759,23 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
   }
   // Configs measured on this problem. The best of them calibrates the model (its measured time
   // over its estimate): "the best there" is the faster of that measurement and the best estimate
-  // of any config in measured units, so a lone slow measurement does not outrank configs the
-  // model expects to be much faster. Within 10% of the best there: ahead of every unmeasured
+  // of a config not measured there, in measured units, so a lone slow measurement does not
+  // outrank configs the model expects to be much faster (a config measured there is judged by
+  // its measurement, not its estimate). Within 10% of the best there: ahead of every unmeasured
   // config (score: half the best estimate of any config), and among themselves in the order
   // they measured. Clearly slower: behind their own estimate (x1.5).
-  double best_exact = 0.0, best_est = 0.0, scale = 1.0;
+  double best_exact = 0.0, best_est = 0.0, best_unmeasured = 0.0, scale = 1.0;
   for (size_t i = 0; i < out.size(); ++i) {
     if (exact[i] > 0.0 && (best_exact == 0.0 || exact[i] < best_exact)) {
       best_exact = exact[i];
       scale = exact[i] / out[i].est_us;
     }
     if (i == 0 || out[i].est_us < best_est) best_est = out[i].est_us;
+    if (exact[i] == 0.0 && (best_unmeasured == 0.0 || out[i].est_us < best_unmeasured)) {
+      best_unmeasured = out[i].est_us;
+    }
   }
-  const double best_there = std::min(best_exact, best_est * scale);
+  const double best_there = best_unmeasured > 0.0 ? std::min(best_exact, best_unmeasured * scale) : best_exact;
   for (size_t i = 0; i < out.size(); ++i) {
     if (exact[i] == 0.0) continue;
     const bool well = exact[i] <= kWellMeasured * best_there;

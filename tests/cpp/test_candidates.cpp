@@ -498,6 +498,42 @@ TEST(Candidates, ALoneSlowMeasurementDoesNotOutrankWhatTheModelExpectsFaster) {
       << after.ranked.back().reasons.back();
 }
 
+TEST(Candidates, AConfigMeasuredFastestLeadsWhenTheModelsFavouriteMeasuredSlower) {
+  // The MiniGPT attention-out GEMM in 3xTF32 (65536x768x768, bias + residual), every config
+  // measured on the H200 (bench/results/2026-12-01-3xtf32/call2): the model favours 128x128
+  // tiles, which measured 1152-1196 us; 64x128x32 measured 1093 us. A config measured there is
+  // judged by its measurement, not its estimate: the configs rank in their measured order.
+  const test::ScratchDir dir("fact_cand_measured_fastest");
+  auto m = gemm_match(65536, 768, 768, "f32");
+  m.operands.push_back({"residual", -1, "full"});
+  CandidateOptions opt;
+  opt.precision = "highest";
+  opt.top_n = 1000;
+  const auto cold = candidates(m, opt);
+  ASSERT_EQ(cold.ranked.front().config.tile_m * cold.ranked.front().config.tile_n, 128 * 128);
+  const std::map<std::string, double> measured = {
+      {"t64x128x32_c1x1_ms_evt_s3_grid_3xtf32", 1093.4}, {"t128x64x16_c1x1_ms_evt_s4_grid_3xtf32", 1146.6},
+      {"t128x64x32_c1x1_ms_evt_s3_grid_3xtf32", 1147.7}, {"t128x128x32_c1x1_ms_evt_s3_grid_3xtf32", 1152.5},
+      {"t64x128x16_c1x1_ms_evt_s4_grid_3xtf32", 1162.8}, {"t64x256x32_c1x1_ms_evt_s3_grid_3xtf32", 1172.5},
+      {"t64x256x16_c1x1_ms_evt_s3_grid_3xtf32", 1186.3}, {"t128x128x16_c1x1_ms_evt_s3_grid_3xtf32", 1187.2},
+      {"t128x128x16_c1x1_ms_evt_s4_grid_3xtf32", 1195.8}, {"t64x64x32_c1x1_ms_evt_s3_grid_3xtf32", 1206.1},
+      {"t256x64x32_c1x1_ms_evt_s3_grid_3xtf32", 1223.0},  {"t64x64x16_c1x1_ms_evt_s3_grid_3xtf32", 1248.9},
+      {"t256x64x16_c1x1_ms_evt_s3_grid_3xtf32", 1254.3}};
+  ASSERT_EQ(cold.ranked.size(), measured.size());
+  auto reg = registry::Registry::open_writable(dir.file("r.db"));
+  for (const auto& r : cold.ranked) {
+    reg.insert(tuned_row(cold.signature, m.problem, r.config, measured.at(r.config.name())));
+  }
+  opt.registry = &reg;
+  const auto warm = candidates(m, opt);
+  // Those within 10% of the best lead in their measured order (the rest follow their estimates).
+  for (size_t i = 1; i < warm.ranked.size() && measured.at(warm.ranked[i].config.name()) <= 1.1 * 1093.4; ++i) {
+    EXPECT_LT(measured.at(warm.ranked[i - 1].config.name()), measured.at(warm.ranked[i].config.name())) << i;
+  }
+  EXPECT_EQ(warm.ranked.at(3).config.name(), "t128x128x32_c1x1_ms_evt_s3_grid_3xtf32");
+  EXPECT_EQ(warm.ranked.front().config.name(), "t64x128x32_c1x1_ms_evt_s3_grid_3xtf32");
+}
+
 TEST(Candidates, StagesThatCannotCoverTheLoadLatencySlowTheMainloop) {
   // bf16 4096^3 on the H200 (data/registry_seed.json): 128x256x128 builds with 2 stages and ran
   // 249.0 us, 1.39x the 4-stage 128x256x64 (178.9 us). A TF32 128x256x32 tile builds with 3
