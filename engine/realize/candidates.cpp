@@ -115,8 +115,10 @@ static_assert(kExactBoost * kWellMeasured < 1.0 - kNearBoost,
 // sm80 multistage kernels, the 3xTF32 (fp32-accurate) GEMMs: mma.sync issues from ordinary
 // warps and reaches a share of the WGMMA peak on Hopper; 0.6 is a prior (the registry overrides
 // it). A thread holds the big and small TF32 halves of its A and B fragments besides its
-// accumulators: CUTLASS's tile list for the math keeps 64 accumulators a thread; its register
-// budget is taken as 232, and as many CTAs as registers and shared memory allow share an SM.
+// accumulators: CUTLASS's tile list for the math keeps 64 accumulators a thread (its 128x128x32
+// kernel takes 248 registers; 64x64 warp tiles, 128 accumulators, spill 480-536 bytes a thread
+// at 255 registers: ptxas of CUDA 13 for sm_90a). The register budget is taken as 232, and as
+// many CTAs as registers and shared memory allow share an SM.
 constexpr double kMmaSyncShare = 0.6;
 constexpr int kMaxMultistageAccumulators = 64;
 constexpr int64_t kMultistageRegisters = 232;
