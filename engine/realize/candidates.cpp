@@ -181,7 +181,7 @@ std::vector<std::string> problem_violations(const GemmProblem& p) {
     if ((ld * bytes) % 16 != 0) {
       why.push_back(std::string(what) + " is " + (row ? "row" : "column") + "-major with " +
                     (row ? row_dim : col_dim) + "=" + std::to_string(ld) + ": " + (row ? row_dim : col_dim) +
-                    "*" + std::to_string(bytes) + " bytes is not a multiple of 16 (TMA needs 16-byte aligned leading dimensions)");
+                    "*" + std::to_string(bytes) + " bytes is not a multiple of 16 (TMA and cp.async need 16-byte aligned leading dimensions)");
     }
   };
   leading("A", p.layout_a, p.k, p.m, "K", "M", ba);
@@ -199,6 +199,9 @@ std::vector<std::string> problem_violations(const GemmProblem& p) {
 
 // ---------------------------------------------------------------------------------------------
 // Config-level checks.
+
+// Both operands K-major: what FACT's TF32 WGMMA kernels read correctly.
+bool tf32_k_major(const GemmProblem& p) { return p.layout_a == "row" && p.layout_b == "col"; }
 
 // An sm80 multistage kernel (3xTF32): CUTLASS 2.x's threadblock tile, warps and stages.
 std::vector<std::string> multistage_violations(const GemmProblem& p, const GemmConfig& c) {
@@ -277,6 +280,12 @@ std::vector<std::string> config_violations(const GemmProblem& p, const GemmConfi
   }
   if (f32 && c.math != "tf32" && c.math != "3xtf32") {
     why.push_back("f32 operands need math tf32 or 3xtf32 on sm90 tensor cores, got " + c.math);
+  }
+  if (f32 && !tf32_k_major(p)) {
+    // CUTLASS builds these (its builder transposes through registers), but on the H200 every
+    // such kernel failed verification (bench run of 2026-11-30: rel err 1.41, unwritten outputs).
+    why.push_back("TF32 WGMMA kernels need K-major operands (row A, col B), got " + p.layout_a + " A, " + p.layout_b +
+                  " B");
   }
   if (!f32 && c.math != "default") why.push_back("math " + c.math + " applies to f32 operands only");
   // Clusters: each dimension 1, 2 or 4, at most 4 CTAs (all the lists need; the portable
@@ -534,6 +543,44 @@ static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tile
   return {(1.0 - sk_share) * dp_a + sk_share * own_a, (1.0 - sk_share) * dp_b + sk_share * own_b};
 }
 
+// How far a config's stages cover the loads' latency (see kLoadLatency): the factor a K block of
+// `t_stage` seconds slows down by, said in `reasons` when it does. The filter drops configs with
+// fewer than 2 stages; scored anyway, they count as 2.
+static double stage_cover(double t_stage, int stages, std::vector<std::string>& reasons) {
+  const int in_flight = std::max(1, stages - 1);
+  const double cover = std::min(1.0, in_flight * t_stage / (t_stage + kLoadLatency));
+  if (cover < 1.0) {
+    reasons.push_back(std::to_string(stages) + " stages of " + fmt(t_stage * 1e6) +
+                      " us do not cover the loads' latency (x" + fmt(cover) + ")");
+  }
+  return cover;
+}
+
+// A tile's epilogue in seconds: its output tile (and a residual's source tile), with `storing`
+// CTAs sharing the device's bandwidth (all the SMs, or the grid's tiles if fewer).
+static double epilogue_time(const GemmProblem& p, const GemmConfig& c, int64_t storing) {
+  const double bytes = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) * (p.reads_source ? 2.0 : 1.0);
+  return bytes / (discover::hardware("sm90", "").bandwidth / static_cast<double>(storing));
+}
+
+// The operands' traffic in seconds: `t_memory` (each byte once) plus the re-reads of operands
+// bigger than L2 (operand_reads) over `sms` CTAs at once; said in `reasons` when it weighs.
+static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms, double sk_share, double t_memory,
+                          double t_compute, std::vector<std::string>& reasons) {
+  const auto& hw = discover::hardware("sm90", "");
+  const int64_t batch = std::max<int64_t>(1, p.batch);
+  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+  const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
+  const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
+  const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms, sk_share);
+  const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
+                       (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
+  const double t_mem = t_memory + extra / hw.bandwidth;
+  if (extra > 0) reasons.push_back("operands beyond L2 re-read: A x" + fmt(a_reads) + ", B x" + fmt(b_reads));
+  if (t_mem > t_compute) reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
+  return t_mem;
+}
+
 // The wave model of an sm90 kernel:
 //   tiles     = ceil(m/tile_m) x ceil(n/tile_n) x batch, each grid dimension rounded up to the
 //               cluster (padding CTAs occupy SMs without doing work);
@@ -552,7 +599,6 @@ static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tile
 //   time      = max(that, memory / bandwidth).
 // In seconds; `reasons` says what weighed.
 static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
-  const auto& hw = discover::hardware("sm90", "");
   const int64_t batch = std::max<int64_t>(1, p.batch);
   const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
   const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
@@ -565,17 +611,7 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
   const double rate = rate_per_sm(p, c);
   const double flops_per_k = 2.0 * p.b_operands * c.tile_m * c.tile_n;  // a tile's flops per unit of K
   const int stages = smem_sm90(p, c).stages;
-  {
-    const double t_stage = flops_per_k * static_cast<double>(c.tile_k) / (rate * eff);
-    // The filter drops configs with fewer than 2 stages; scored anyway, they count as 2.
-    const int in_flight = std::max(1, stages - 1);
-    const double cover = std::min(1.0, in_flight * t_stage / (t_stage + kLoadLatency));
-    if (cover < 1.0) {
-      eff *= cover;
-      reasons.push_back(std::to_string(stages) + " stages of " + fmt(t_stage * 1e6) +
-                          " us do not cover the loads' latency (x" + fmt(cover) + ")");
-    }
-  }
+  eff *= stage_cover(flops_per_k * static_cast<double>(c.tile_k) / (rate * eff), stages, reasons);
   const int64_t sms = sm90_cluster_sms(c.cluster_m * c.cluster_n);
   if (c.cluster_m * c.cluster_n > 1) {
     const double loads = static_cast<double>(c.tile_m) / c.cluster_n + static_cast<double>(c.tile_n) / c.cluster_m;
@@ -593,11 +629,7 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
                         " tiles: padding CTAs idle in every cluster");
   }
   const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
-  const double epilogue_bytes = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
-                                (p.reads_source ? 2.0 : 1.0);
-  // The SMs storing at once share the bandwidth: all of them, or the grid's tiles if fewer.
-  const double storing = static_cast<double>(std::min<int64_t>(sms, tiles));
-  const double t_epilogue = epilogue_bytes / (hw.bandwidth / storing);
+  const double t_epilogue = epilogue_time(p, c, std::min<int64_t>(sms, tiles));
   double t_tile = 0;
   if (c.kernel_schedule == "pingpong") {
     t_tile = std::max(t_main, t_epilogue);
@@ -639,18 +671,8 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
   }
   // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
   // and clusters that load each operand once.
-  const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
-  const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
   const double sk_share = static_cast<double>(sk_tiles) / static_cast<double>(std::max<int64_t>(1, tiles));
-  const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms, sk_share);
-  const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
-                       (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
-  const double t_mem = t_memory + extra / hw.bandwidth;
-  if (extra > 0) {
-    reasons.push_back("operands beyond L2 re-read: A x" + fmt(a_reads) + ", B x" + fmt(b_reads));
-  }
-  if (t_mem > t_compute) reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
-  return std::max(t_compute, t_mem);
+  return std::max(t_compute, memory_time(p, c, sms, sk_share, t_memory, t_compute, reasons));
 }
 
 // The model of an sm80 multistage kernel (3xTF32), the same terms in their sm80 form: no
@@ -658,7 +680,6 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
 // instead of persistent CTAs, and as many CTAs on an SM as shared memory and registers allow,
 // each at its share of the SM's mma.sync rate (kMmaSyncShare of the WGMMA peak, a prior).
 static double model_multistage(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
-  const auto& hw = discover::hardware("sm90", "");
   const int64_t batch = std::max<int64_t>(1, p.batch);
   const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
   const int64_t tiles = tiles_m * tiles_n * batch;
@@ -671,18 +692,10 @@ static double model_multistage(const GemmProblem& p, const GemmConfig& c, double
   double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
   const double rate = rate_per_sm(p, c) / static_cast<double>(resident);  // one CTA's share
   const double flops_per_k = 2.0 * c.tile_m * c.tile_n;
-  const double t_stage = flops_per_k * c.tile_k / (rate * eff);
-  const double cover = std::min(1.0, (c.stages - 1) * t_stage / (t_stage + kLoadLatency));
-  if (cover < 1.0) {
-    eff *= cover;
-    reasons.push_back(std::to_string(c.stages) + " stages of " + fmt(t_stage * 1e6) +
-                      " us do not cover the loads' latency (x" + fmt(cover) + ")");
-  }
+  eff *= stage_cover(flops_per_k * c.tile_k / (rate * eff), c.stages, reasons);
   const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
   const int64_t slots = kSm90SmCount * resident;
-  const double storing = static_cast<double>(std::min(slots, tiles));
-  const double t_epilogue = static_cast<double>(c.tile_m * c.tile_n * bytes_of(p.dtype_out)) *
-                            (p.reads_source ? 2.0 : 1.0) / (hw.bandwidth / storing);
+  const double t_epilogue = epilogue_time(p, c, std::min(slots, tiles));
   const int64_t waves = ceil_div(tiles, slots);
   const double t_compute = static_cast<double>(waves) * (t_main + t_epilogue);
   reasons.push_back("sm80 multistage (mma.sync, 3xTF32): " + std::to_string(resident) + " CTA" +
@@ -690,14 +703,7 @@ static double model_multistage(const GemmProblem& p, const GemmConfig& c, double
                     " a SM; " + std::to_string(tiles) + " tiles in " + std::to_string(waves) + " wave" +
                     (waves > 1 ? "s" : "") + "; the epilogue (" + fmt(t_epilogue * 1e6) +
                     " us a tile) follows the mainloop (" + fmt(t_main * 1e6) + " us)");
-  const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
-  const double b_bytes = static_cast<double>(batch * p.k * p.n * bytes_of(p.dtype_b));
-  const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, slots, 0.0);
-  const double extra = (a_bytes > kL2Bytes ? a_bytes * (a_reads - 1) : 0.0) +
-                       (b_bytes > kL2Bytes ? b_bytes * (b_reads - 1) : 0.0);
-  const double t_mem = t_memory + extra / hw.bandwidth;
-  if (t_mem > t_compute) reasons.push_back("memory-bound: " + fmt(t_mem * 1e6) + " us of traffic");
-  return std::max(t_compute, t_mem);
+  return std::max(t_compute, memory_time(p, c, slots, 0.0, t_memory, t_compute, reasons));
 }
 
 std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig>& configs,

@@ -388,10 +388,18 @@ EvtLeaves evt_leaves(const GemmSpec& spec, bool sm90) {
     l.params += ", T const& x" + std::to_string(i + 1);
     l.checks += "  if (!p->operands[" + idx + "]) return fail(FACT_INVALID_ARGS, \"epilogue operand " + idx + " (" + o.kind +
                 ") is null\");\n";
+    // The sm80 tree's row and aux loads read kAlignD elements at once (16 bytes of f32 output):
+    // their pointers, leading dimensions and batch strides must keep those reads aligned.
+    const std::string vector_checks =
+        "  if (reinterpret_cast<uintptr_t>(p->operands[" + idx + "]) % (kAlignD * sizeof(" + el + ")) || (p->batch > 1 && " +
+        batch + " % kAlignD)" + (o.kind == "full" ? " || p->operand_ld[" + idx + "] % kAlignD" : std::string()) +
+        ") {\n    return fail(FACT_NOT_SUPPORTED, \"epilogue operand " + idx + " (" + o.kind + ") needs its pointer" +
+        (o.kind == "full" ? ", leading dimension" : "") + " and batch stride aligned to the output's 16-byte vectors\");\n  }\n";
     if (o.kind == "row") {
       l.types += sm90 ? ",\n    Sm90RowBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_0, _1, int64_t>>"
                       : ",\n    VisitorRowBroadcast<OutputTileThreadMap, " + el + ", Stride<_0, _1, int64_t>>";
       l.args += ", {" + ptr + ", " + el + "(0), {_0{}, _1{}, " + batch + "}}";
+      if (!sm90) l.checks += vector_checks;
     } else if (o.kind == "col") {
       l.types += sm90 ? ",\n    Sm90ColBroadcast<0, TileShape, " + el + ", ElementCompute, Stride<_1, _0, int64_t>>"
                       : ",\n    VisitorColBroadcast<OutputTileThreadMap, " + el + ", Stride<_1, _0, int64_t>>";
@@ -410,9 +418,7 @@ EvtLeaves evt_leaves(const GemmSpec& spec, bool sm90) {
       l.types += ",\n    VisitorAuxLoad<OutputTileThreadMap, " + el + ", Stride<int64_t, _1, int64_t>>";
       l.args += ", {const_cast<" + el + "*>(" + ptr + "), " + el + "(0), {p->operand_ld[" + idx + "], _1{}, " + batch +
                 "}}";
-      l.checks += "  if (reinterpret_cast<uintptr_t>(p->operands[" + idx + "]) % 16 || p->operand_ld[" + idx +
-                  "] % (16 / sizeof(" + el + "))) {\n    return fail(FACT_NOT_SUPPORTED, \"epilogue operand " + idx +
-                  " (full) needs a 16-byte aligned pointer and leading dimension\");\n  }\n";
+      l.checks += vector_checks;
     } else {
       throw NotSupported("epilogue operand kind '" + o.kind + "'");
     }
@@ -446,6 +452,35 @@ MathFns math_fns(const GemmSpec& spec) {
   return {};
 }
 
+// What every GEMM template takes: the kernel's identity, types, layouts and tile, the visitor
+// tree's leaves, and the shared fragments ${gemm_helpers} (error reporting, the epilogue
+// functor) and ${gemm_abi} (the C ABI's entry points).
+std::map<std::string, std::string> gemm_vars(const GemmSpec& spec, const GemmConfig& c, const EvtLeaves& leaves,
+                                             const std::string& kernel_name) {
+  const auto layout = [](const std::string& l) {
+    return std::string(l == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor");
+  };
+  return {
+      {"fact_version", "0.1.0"},
+      {"kernel_name", kernel_name},
+      {"epilogue_text", spec.epilogue_text},
+      {"element_a", cutlass_element(spec.dtype_a)},
+      {"element_b", cutlass_element(spec.dtype_b)},
+      {"element_d", cutlass_element(spec.dtype_out)},
+      {"layout_a", layout(spec.layout_a)},
+      {"layout_b", layout(spec.layout_b)},
+      {"tile_m", std::to_string(c.tile_m)},
+      {"tile_n", std::to_string(c.tile_n)},
+      {"tile_k", std::to_string(c.tile_k)},
+      {"evt_leaves", leaves.types},
+      {"gemm_helpers", substitute(templates::kGemmHelpers,
+                                  {{"functor_params", leaves.params},
+                                   {"functor_body", functor_body(spec.ssa, spec.operands.size(), math_fns(spec))}})},
+      {"gemm_abi",
+       substitute(templates::kGemmAbi, {{"kernel_name", kernel_name}, {"kernel_info", gemm_kernel_info(spec, c).dump()}})},
+  };
+}
+
 }  // namespace
 
 EmittedKernel emit_gemm(const GemmSpec& spec, const GemmConfig& c) {
@@ -463,30 +498,16 @@ EmittedKernel emit_gemm_sm80(const GemmSpec& spec, const GemmConfig& c) {
   const EvtLeaves leaves = evt_leaves(spec, false);
   EmittedKernel k;
   k.name = gemm_kernel_name(spec, c);
-  const std::map<std::string, std::string> vars = {
-      {"fact_version", "0.1.0"},
-      {"kernel_name", k.name},
-      {"epilogue_text", spec.epilogue_text},
+  auto vars = gemm_vars(spec, c, leaves, k.name);
+  vars.insert({
       {"math_text", "3xTF32 (each f32 operand split into a TF32 big and small part, three MMAs: fp32-accurate)"},
       {"math_operator", "cutlass::arch::OpMultiplyAddFastF32"},
-      {"element_a", cutlass_element(spec.dtype_a)},
-      {"element_b", cutlass_element(spec.dtype_b)},
-      {"element_d", cutlass_element(spec.dtype_out)},
-      {"layout_a", spec.layout_a == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
-      {"layout_b", spec.layout_b == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
-      {"tile_m", std::to_string(c.tile_m)},
-      {"tile_n", std::to_string(c.tile_n)},
-      {"tile_k", std::to_string(c.tile_k)},
       {"warps_m", std::to_string(warps_m)},
       {"warps_n", std::to_string(warps_n)},
       {"stages", std::to_string(c.stages)},
-      {"functor_params", leaves.params},
-      {"functor_body", functor_body(spec.ssa, spec.operands.size(), math_fns(spec))},
-      {"evt_leaves", leaves.types},
       {"fusion_arguments", leaves.args},
       {"operand_checks", leaves.checks},
-      {"kernel_info", gemm_kernel_info(spec, c).dump()},
-  };
+  });
   k.source = substitute(templates::kGemmSm80, vars);
   return k;
 }
@@ -497,9 +518,7 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
     throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels in CUTLASS (no sm90 form): emit_gemm_sm80");
   }
   if (spec.dtype_a == "f32" && (spec.layout_a != "row" || spec.layout_b != "col")) {
-    // CUTLASS builds these (tf32 WGMMA reads K-major operands only, so its builder swaps or
-    // transposes through registers), but on the H200 every such kernel failed verification
-    // (bench run of 2026-11-30: rel err 1.41, unwritten outputs). Refuse until that is understood.
+    // Wrong results on the H200 (the candidate filter drops these configs and says why).
     throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + spec.layout_a + " A, " +
                        spec.layout_b + " B");
   }
@@ -515,20 +534,10 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
               "kernel\");\n";
   }
   const bool coop = c.kernel_schedule == "cooperative";
-  const std::map<std::string, std::string> vars = {
-      {"fact_version", "0.1.0"},
-      {"kernel_name", k.name},
-      {"epilogue_text", spec.epilogue_text},
-      {"element_a", cutlass_element(spec.dtype_a)},
-      {"element_b", cutlass_element(spec.dtype_b)},
+  auto vars = gemm_vars(spec, c, leaves, k.name);
+  vars.insert({
       {"element_c", leaves.element_c},
-      {"element_d", cutlass_element(spec.dtype_out)},
       {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
-      {"layout_a", spec.layout_a == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
-      {"layout_b", spec.layout_b == "row" ? "cutlass::layout::RowMajor" : "cutlass::layout::ColumnMajor"},
-      {"tile_m", std::to_string(c.tile_m)},
-      {"tile_n", std::to_string(c.tile_n)},
-      {"tile_k", std::to_string(c.tile_k)},
       {"cluster_m", std::to_string(c.cluster_m)},
       {"cluster_n", std::to_string(c.cluster_n)},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelTmaWarpSpecializedCooperative"
@@ -540,9 +549,6 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
       {"stage_count",
        c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
                     : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
-      {"functor_params", leaves.params},
-      {"functor_body", functor_body(spec.ssa, spec.operands.size(), math_fns(spec))},
-      {"evt_leaves", leaves.types},
       {"fusion_arguments", "{{}" + leaves.args + ", {}}"},
       {"c_pointer", leaves.c_pointer},
       {"c_ld", leaves.c_ld},
@@ -554,8 +560,7 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
                                  "                                                 : Reduction::Deterministic;"
                                : "// persistent scheduler: no split-K, no reduction"},
       {"operand_checks", checks},
-      {"kernel_info", gemm_kernel_info(spec, c).dump()},
-  };
+  });
   k.source = substitute(templates::kGemmSm90, vars);
   return k;
 }

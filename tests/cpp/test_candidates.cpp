@@ -678,6 +678,16 @@ TEST(Candidates, MultistageFilterDropsWhatCutlassCannotBuild) {
             std::string::npos);
   const auto bf16 = bf16_problem(4096, 4096, 4096);
   EXPECT_NE(verdict(bf16, good).find("f32 operands in 3xTF32 only"), std::string::npos);
+  // TF32 WGMMA kernels read K-major operands only (wrong results otherwise); 3xTF32 any layout.
+  auto rr = gemm_match(4096, 4096, 4096, "f32");
+  rr.attrs["layout_b"] = "row";
+  const auto row_row = GemmProblem::from_match(rr);
+  auto tf32 = cfg(128, 128, 32);
+  tf32.math = "tf32";
+  EXPECT_NE(verdict(row_row, tf32).find("TF32 WGMMA kernels need K-major operands (row A, col B), got row A, row B"),
+            std::string::npos)
+      << verdict(row_row, tf32);
+  EXPECT_EQ(verdict(row_row, good), "");
 }
 
 // Under "highest" every candidate of an f32 GEMM is a 3xTF32 kernel, ranked by the sm80 model:

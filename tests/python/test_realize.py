@@ -126,6 +126,10 @@ def test_realize_compiles_an_fp32_accurate_gemm(engine_available, tmp_path):
     bad_residual.operand_ld[1] = 510
     assert lib.can_implement(bad_residual) == Status.NOT_SUPPORTED
     assert "epilogue operand 1 (full)" in lib.last_error()
+    bias = args()  # the row broadcast reads 16-byte vectors: a bias[1:] view is refused
+    bias.operands[0] = 0x40004
+    assert lib.can_implement(bias) == Status.NOT_SUPPORTED
+    assert "epilogue operand 0 (row)" in lib.last_error()
 
 
 def _norm_problem(tmp_path, cols: int):

@@ -145,6 +145,15 @@ def gemm_form(reg: Region, pattern: Mapping[str, Any]) -> str:
     raise NotSupportedError(f"GEMM anchor {anchors[0].name} is {target}, not linear/mm/matmul")
 
 
+def with_math(detail: dict[str, Any], backend: str, library) -> dict[str, Any]:
+    """`detail` plus the math a generated f32 kernel says it runs (tf32 | 3xtf32), for the
+    report."""
+    info = library.info if backend == "cutlass" and library is not None else {}
+    if info.get("math"):
+        detail["math"] = info["math"]
+    return detail
+
+
 class GemmImpl(Impl):
     """A generated kernel (backend cutlass) or its PyTorch twin (backend reference)."""
 
@@ -158,10 +167,7 @@ class GemmImpl(Impl):
         self.handle = register_kernel(entry)
         name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'gemm'}"
         detail = {"backend": backend, "knobs": dict(knobs or {})}
-        info = library.info if library is not None else {}
-        if backend == "cutlass" and info.get("math"):
-            detail["math"] = info["math"]  # f32: tf32 | 3xtf32, shown in the report
-        super().__init__(name, "generated", detail)
+        super().__init__(name, "generated", with_math(detail, backend, library))
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         ops = pattern.get("operands") or []
@@ -211,8 +217,7 @@ _CUBLASLT_FORMS = {
 
 class CublasLtGemm(Impl):
     """A GEMM pattern as one cuBLASLt call with a fused epilogue (PyTorch's own kernels): the
-    library candidate next to the generated ones, and the only fused GEMM when no generated
-    kernel may run (fp32 models under precision "highest")."""
+    library candidate next to the generated ones."""
 
     def __init__(self, pattern: Mapping[str, Any]):
         steps = tuple(pattern.get("epilogue") or [])
@@ -567,9 +572,7 @@ class AttentionImpl(Impl):
         self.handle = register_kernel(entry)
         name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'attention'}"
         detail = {"backend": backend, "causal": causal, "scale": scale}
-        if backend == "cutlass" and info.get("math"):
-            detail["math"] = info["math"]  # f32: tf32 | 3xtf32, shown in the report
-        super().__init__(name, "generated", detail)
+        super().__init__(name, "generated", with_math(detail, backend, library))
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         io = attention_io(graph, reg, pattern, unrepeat=True)

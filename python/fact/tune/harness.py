@@ -570,7 +570,6 @@ def knob_combinations(
     alone: its threadblock swizzle is fixed and it has no split-K."""
     if mode not in ("default", "sweep"):
         raise FactError(f"knob mode {mode!r} is not 'default' or 'sweep'")
-    # sm80 multistage kernels (3xTF32) have a fixed threadblock swizzle and no split-K.
     if mode == "default" or (config or {}).get("kernel_schedule") == "multistage":
         return [dict(DEFAULT_KNOBS)]
     space = (pattern or {}).get("search_space") or {}

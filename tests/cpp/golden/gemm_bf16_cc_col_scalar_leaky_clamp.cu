@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -47,6 +48,15 @@ using ClusterShape = Shape<_1, _1, _1>;
 using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using TileScheduler = cutlass::gemm::PersistentScheduler;
+
+// Error reporting and the pattern's epilogue functor, the same in every GEMM kernel
+// (FACT's templates/gemm_helpers.cu.in).
+thread_local char g_error[512] = "";
+
+int fail(int status, const char* what) {
+  std::snprintf(g_error, sizeof g_error, "%s", what);
+  return status;
+}
 
 // max/min that propagate NaN from either side, as PyTorch's maximum/minimum/relu/clamp do
 // (fmaxf/fminf would return the other operand).
@@ -101,13 +111,6 @@ using StrideB = typename Gemm::GemmKernel::StrideB;
 using StrideC = typename Gemm::GemmKernel::StrideC;
 using StrideD = typename Gemm::GemmKernel::StrideD;
 
-thread_local char g_error[512] = "";
-
-int fail(int status, const char* what) {
-  std::snprintf(g_error, sizeof g_error, "%s", what);
-  return status;
-}
-
 // Row-major / column-major strides from leading dimensions (elements), batch stride last.
 template <class Stride>
 Stride make_stride_from(int64_t ld, int64_t batch_stride) {
@@ -142,6 +145,17 @@ int max_active_clusters(int device) {
   return n > 0 ? n : 0;
 }
 
+// What this kernel refuses besides CUTLASS's own checks: null operands, launch knobs it lacks.
+int check_problem(const FactGemmArgs* p) {
+  if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (col) is null");
+  if (!p->operands[1]) return fail(FACT_INVALID_ARGS, "epilogue operand 1 (scalar) is null");
+  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, "reduction knob must be 0 (deterministic) or 1 (nondeterministic)");
+  if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
+  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel");
+
+  return FACT_OK;
+}
+
 bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   if (!p || !p->a || !p->b || !p->d) return false;
   const void* c_ptr = nullptr;
@@ -169,6 +183,8 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
 
 }  // namespace
 
+// The C ABI of fact_gemm_abi.h over the kernel's Gemm, build_arguments() and check_problem(),
+// the same in every GEMM kernel (FACT's templates/gemm_abi.cu.in).
 extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
@@ -179,12 +195,11 @@ __attribute__((visibility("default"))) const char* fact_last_error(void) { retur
 __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
-  if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (col) is null");
-  if (!p->operands[1]) return fail(FACT_INVALID_ARGS, "epilogue operand 1 (scalar) is null");
-  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, "reduction knob must be 0 (deterministic) or 1 (nondeterministic)");
-  if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
-  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel");
-
+  if (p->batch < 1) return fail(FACT_INVALID_ARGS, "batch must be at least 1");
+  if (p->m > INT32_MAX || p->n > INT32_MAX || p->k > INT32_MAX || p->batch > INT32_MAX) {
+    return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents");
+  }
+  if (const int status = check_problem(p); status != FACT_OK) return status;
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
     return fail(FACT_NOT_SUPPORTED, "CUTLASS cannot implement this problem (alignment or size)");
   }

@@ -43,6 +43,15 @@ using InstructionShape = cutlass::gemm::GemmShape<16, 8, 8>;
 constexpr int kStages = 4;
 constexpr int kEpilogueStages = 1;
 
+// Error reporting and the pattern's epilogue functor, the same in every GEMM kernel
+// (FACT's templates/gemm_helpers.cu.in).
+thread_local char g_error[512] = "";
+
+int fail(int status, const char* what) {
+  std::snprintf(g_error, sizeof g_error, "%s", what);
+  return status;
+}
+
 // max/min that propagate NaN from either side, as PyTorch's maximum/minimum/relu/clamp do
 // (fmaxf/fminf would return the other operand).
 CUTLASS_HOST_DEVICE float fact_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
@@ -96,14 +105,34 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 static_assert(std::is_same_v<typename GemmKernel::Mma::Operator::MathOperator, cutlass::arch::OpMultiplyAddFastF32>,
               "the math this kernel is generated for");
 
-thread_local char g_error[512] = "";
-
-int fail(int status, const char* what) {
-  std::snprintf(g_error, sizeof g_error, "%s", what);
-  return status;
-}
-
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// What this kernel refuses besides CUTLASS's own checks: null and misaligned operands, launch
+// knobs it lacks (CUTLASS checks the sizes' alignment, not the pointers' or leading dimensions').
+int check_problem(const FactGemmArgs* p) {
+  if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (row) is null");
+  if (reinterpret_cast<uintptr_t>(p->operands[0]) % (kAlignD * sizeof(float)) || (p->batch > 1 && p->operand_batch_stride[0] % kAlignD)) {
+    return fail(FACT_NOT_SUPPORTED, "epilogue operand 0 (row) needs its pointer and batch stride aligned to the output's 16-byte vectors");
+  }
+  if (!p->operands[1]) return fail(FACT_INVALID_ARGS, "epilogue operand 1 (col) is null");
+  if (!p->operands[2]) return fail(FACT_INVALID_ARGS, "epilogue operand 2 (scalar) is null");
+  if (!p->operands[3]) return fail(FACT_INVALID_ARGS, "epilogue operand 3 (full) is null");
+  if (reinterpret_cast<uintptr_t>(p->operands[3]) % (kAlignD * sizeof(float)) || (p->batch > 1 && p->operand_batch_stride[3] % kAlignD) || p->operand_ld[3] % kAlignD) {
+    return fail(FACT_NOT_SUPPORTED, "epilogue operand 3 (full) needs its pointer, leading dimension and batch stride aligned to the output's 16-byte vectors");
+  }
+
+  if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel (this is an sm80 kernel)");
+  if (p->reduction != 0) {
+    return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel (this is an sm80 kernel)");
+  }
+  if (p->batch > 65535) return fail(FACT_NOT_SUPPORTED, "more than 65535 batches (the grid's z limit)");
+  if (!aligned(p->a) || !aligned(p->b) || !aligned(p->d) || p->lda % kAlignA || p->ldb % kAlignB ||
+      p->ldd % kAlignD || (p->batch > 1 && (p->batch_stride_a % kAlignA || p->batch_stride_b % kAlignB ||
+                                             p->batch_stride_d % kAlignD))) {
+    return fail(FACT_NOT_SUPPORTED, "A, B and D need 16-byte aligned pointers, leading dimensions and batch strides");
+  }
+  return FACT_OK;
+}
 
 bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   if (!p || !p->a || !p->b || !p->d) return false;
@@ -119,6 +148,8 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
 
 }  // namespace
 
+// The C ABI of fact_gemm_abi.h over the kernel's Gemm, build_arguments() and check_problem(),
+// the same in every GEMM kernel (FACT's templates/gemm_abi.cu.in).
 extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
@@ -129,27 +160,11 @@ __attribute__((visibility("default"))) const char* fact_last_error(void) { retur
 __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
-  if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (row) is null");
-  if (!p->operands[1]) return fail(FACT_INVALID_ARGS, "epilogue operand 1 (col) is null");
-  if (!p->operands[2]) return fail(FACT_INVALID_ARGS, "epilogue operand 2 (scalar) is null");
-  if (!p->operands[3]) return fail(FACT_INVALID_ARGS, "epilogue operand 3 (full) is null");
-  if (reinterpret_cast<uintptr_t>(p->operands[3]) % 16 || p->operand_ld[3] % (16 / sizeof(float))) {
-    return fail(FACT_NOT_SUPPORTED, "epilogue operand 3 (full) needs a 16-byte aligned pointer and leading dimension");
+  if (p->batch < 1) return fail(FACT_INVALID_ARGS, "batch must be at least 1");
+  if (p->m > INT32_MAX || p->n > INT32_MAX || p->k > INT32_MAX || p->batch > INT32_MAX) {
+    return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents");
   }
-
-  if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel (this is an sm80 kernel)");
-  if (p->reduction != 0) {
-    return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel (this is an sm80 kernel)");
-  }
-  if (p->m > INT32_MAX || p->n > INT32_MAX || p->k > INT32_MAX || p->batch > 65535 || p->batch < 1) {
-    return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents or 65535 batches");
-  }
-  // CUTLASS checks the sizes' alignment; the pointers and leading dimensions are checked here.
-  if (!aligned(p->a) || !aligned(p->b) || !aligned(p->d) || p->lda % kAlignA || p->ldb % kAlignB ||
-      p->ldd % kAlignD || (p->batch > 1 && (p->batch_stride_a % kAlignA || p->batch_stride_b % kAlignB ||
-                                             p->batch_stride_d % kAlignD))) {
-    return fail(FACT_NOT_SUPPORTED, "A, B and D need 16-byte aligned pointers, leading dimensions and batch strides");
-  }
+  if (const int status = check_problem(p); status != FACT_OK) return status;
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) {
     return fail(FACT_NOT_SUPPORTED, "CUTLASS cannot implement this problem (alignment or size)");
   }
