@@ -31,8 +31,17 @@ scripts/gpu_bench.sh llama-fp32
 # measurement) and 82 seed rows from calls 1-2. Also tried on the CPU machine and dropped: 3xTF32
 # tiles with 64x64 warp tiles (128x256, 256x128): ptxas spills 480-536 bytes a thread.
 #
-# Call 3 (call3/), at the final revision: the MiniGPT block again (seeded registry, cold kernel
+# Call 3 (call3/), at commit da6cfc1: the MiniGPT block again (seeded registry, cold kernel
 # cache), then the GPU tests.
 scripts/gpu_bench.sh minigpt-fp32
+scripts/gpu_tests.sh -k "test_compose_gpu and (fp32_highest or generated_kernels)"   # 2 passed
+scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"                  # 7 passed, 1 skipped
+#
+# Call 4 (call4/), after the review fixes (shared GEMM ABI fragments, vector-alignment checks):
+# on the CPU machine, with an empty registry,
+#   fact realize bench/problems/<p>.py --dtype fp32 --precision highest --candidates N --out .device/s80e/<p>_fp32
+#   for gemm_sigmoid_residual (2), gemm_col_scalar (1), gemm_batched (1), and gemm_bias_gelu in bf16 (1);
+# on the GPU machine, same environment:
+python3 bench/gemm_bench.py .device/s80e --out $OUT/s80e
 scripts/gpu_tests.sh -k "test_compose_gpu and (fp32_highest or generated_kernels)"   # 2 passed
 scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"                  # 7 passed, 1 skipped
