@@ -83,10 +83,6 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
     } else if (a.value("out_layout", "bs(hd)") != "bs(hd)") {
       s.sm80_refusal = "output layout " + a.value("out_layout", std::string()) +
                        " (the sm80 kernel writes a contiguous (batch, seq, heads, dim) output only)";
-    } else if (s.kv_heads != s.heads && s.kv_heads != 1) {
-      s.sm80_refusal = "grouped-query attention, " + std::to_string(s.heads) + " query heads over " +
-                       std::to_string(s.kv_heads) +
-                       " K/V heads (the sm80 kernel reads one K/V head per query head, or one for all)";
     }
   }
   if (s.causal && s.seq_q > s.seq_k) {
@@ -377,7 +373,9 @@ EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConf
   info["math"] = c.math;
   // what the kernel's addressing allows (the Hopper kernels take any strides and groups)
   info["out_layouts"] = {"bs(hd)"};
-  info["kv_heads"] = "one per query head, or one for all";
+  // grouped-query: one launch per K/V head, its query heads sharing it, in whole blocks of
+  // block_q rows when more than one block (fact::attention's impl checks that from here)
+  info["kv_groups"] = "one launch per K/V head";
   const bool tf32 = c.math == "tf32";
   std::map<std::string, std::string> vars = {
       {"description", std::string(spec.causal ? "causal" : "non-causal") + " attention, " + spec.dtype + " with " +

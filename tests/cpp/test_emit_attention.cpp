@@ -234,8 +234,13 @@ TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
   // are ranked, the sm80 ones dropped with the reason); refused under highest (sm80 only).
   auto f32_bhsd = attention_pattern("f32", true, 64);
   f32_bhsd["attrs"]["out_layout"] = "bhsd";
+  // Grouped-query attention is for it (one launch per K/V head): sm80 configs under highest.
+  const auto gqa = AttentionSpec::from_pattern(attention_pattern("f32", true, 64, 8, 2));
+  EXPECT_EQ(gqa.sm80_refusal, "");
+  const auto accurate = attention_candidates(gqa, "sig", json::object(), "sm90", 0, nullptr, "highest");
+  ASSERT_FALSE(accurate.ranked.empty());
+  for (const auto& r : accurate.ranked) EXPECT_EQ(r.config.name().substr(r.config.name().size() - 9), "ms_3xtf32");
   const std::pair<json, std::string> sm80_cannot[] = {
-      {attention_pattern("f32", true, 64, 8, 2), "grouped-query attention, 8 query heads over 2 K/V heads"},
       {attention_pattern("f32", true, 256), "head dim 256 (the sm80 kernel: at most 128)"},
       {f32_bhsd, "output layout bhsd"}};
   for (const auto& [pattern, why] : sm80_cannot) {

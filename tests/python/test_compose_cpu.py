@@ -1718,24 +1718,25 @@ def test_attention_impl_refusals():
         (attention_pattern(out_dtype="f32"), "cutlass", StubAttentionLibrary(), "writes f32"),
         (pattern, "cutlass", StubAttentionLibrary(head_dim=32), "head_dim up to 32, not 64"),
     ]  # fmt: skip
-    # The sm80 kernel's info (f32) says it writes (batch, seq, heads, dim) only and reads one
-    # K/V head per query head or one for all: 4 query heads over 2 is not for it.
+    # The sm80 kernel's info (f32) says it writes (batch, seq, heads, dim) only and runs grouped
+    # query heads one launch per K/V head: MHA, GQA (4 over 2) and MQA are all for it.
     f32 = attention_pattern(dtype="f32", out_dtype="f32")
-    sm80 = {"out_layouts": ["bs(hd)"], "kv_heads": "one per query head, or one for all"}
+    sm80 = {"out_layouts": ["bs(hd)"], "kv_groups": "one launch per K/V head"}
     mha = dict(f32, problem=dict(f32["problem"], kv_heads=4))
     mqa = dict(f32, problem=dict(f32["problem"], kv_heads=1))
-    for ok in (mha, mqa):
+    for ok in (mha, f32, mqa):
         AttentionImpl(ok, "cutlass", StubAttentionLibrary(dtype="f32", **sm80), label="sm80_ok")
-    # one K/V head for 48 query heads: whole 16-row blocks fit, 32-row blocks do not
+    # 48 query heads over each K/V head: whole 16-row blocks fit, 32-row blocks do not
     mqa48 = dict(f32, problem=dict(f32["problem"], heads=48, kv_heads=1))
+    gqa96 = dict(f32, problem=dict(f32["problem"], heads=96, kv_heads=2))
     sm80_q16 = dict(sm80, config={"name": "q16", "block_q": 16})
     AttentionImpl(mqa48, "cutlass", StubAttentionLibrary(dtype="f32", **sm80_q16), label="q16")
     sm80_q32 = dict(sm80, config={"name": "q32kv128_ms_tf32", "block_q": 32})
     cases += [
-        (f32, "cutlass", StubAttentionLibrary(dtype="f32", **sm80),
-         "one per query head, or one for all; the pattern has 4 query heads over 2"),
         (mqa48, "cutlass", StubAttentionLibrary(dtype="f32", **sm80_q32),
-         "48 query heads over one K/V head is not a whole number of its 32-row blocks"),
+         "48 query heads over each K/V head is not a whole number of its 32-row blocks"),
+        (gqa96, "cutlass", StubAttentionLibrary(dtype="f32", **sm80_q32),
+         "48 query heads over each K/V head is not a whole number of its 32-row blocks"),
         (attention_pattern(dtype="f32", out_dtype="f32", out_layout="bhsd"), "cutlass",
          StubAttentionLibrary(dtype="f32", **sm80),
          r"writes its output as bs\(hd\), the model wants bhsd"),

@@ -350,10 +350,12 @@ def _check_sm80_attention_refusals(library) -> None:
 
     assert lib.attention_can_implement(args()) == Status.OK
     assert lib.attention_can_implement(args(h=64, hk=1)) == Status.OK  # two whole blocks
+    assert lib.attention_can_implement(args(hk=2)) == Status.OK  # grouped: a launch per K/V head
+    assert lib.attention_can_implement(args(h=128, hk=2)) == Status.OK  # 64 heads a group
     assert lib.attention_can_implement(args(d=80)) == Status.OK  # below the kernel's 96
     refused = {
-        "grouped-query": (args(hk=2), "grouped-query"),
         "one K/V head, 48 heads": (args(h=48, hk=1), "block of 32"),
+        "two K/V heads, 48 heads each": (args(h=96, hk=2), "block of 32"),
         "(B, H, S, D) output": (args(o_stride_h=512 * 96, o_stride_s=96), "contiguous (batch, seq"),
         "head dim 128": (args(d=128), "at most 96"),
         "unaligned stride": (args(q_stride_s=24 * 96 + 2), "multiples of 4"),

@@ -411,9 +411,9 @@ ATTENTION_PROBLEMS = {
 }
 
 #: realized run -> (problem, --dtype, float32 matmul precision). bf16 runs Hopper's FMHA; fp32
-#: under "high" Hopper's FMHA and the sm80 kernel in TF32 (one candidate each; grouped-query
-#: attention, which the sm80 kernel cannot read, Hopper's only), under "highest" the sm80
-#: kernel in 3xTF32.
+#: under "high" Hopper's FMHA and the sm80 kernel in TF32 (one candidate each; the sm80 kernel
+#: runs grouped-query attention one launch per K/V head), under "highest" the sm80 kernel in
+#: 3xTF32.
 ATTENTION_RUNS = {
     "causal_fused": ("causal_fused", "bf16", "highest"),
     "gqa": ("gqa", "bf16", "highest"),
@@ -424,6 +424,7 @@ ATTENTION_RUNS = {
     "gqa-fp32-high": ("gqa", "fp32", "high"),
     "scaled-fp32-high": ("scaled", "fp32", "high"),
     "causal_fused-fp32-highest": ("causal_fused", "fp32", "highest"),
+    "gqa-fp32-highest": ("gqa", "fp32", "highest"),
 }
 
 #: (test id, realized run, sizes on top of its plan's problem, what the plan must say)
@@ -455,6 +456,8 @@ ATTENTION_CASES = [
         {"causal": False, "scale": 0.3},
     ),  # fmt: skip
     ("fp32-3xtf32-causal-d96", "causal_fused-fp32-highest", None, {"dtype": "f32"}),
+    ("fp32-3xtf32-gqa-h8-kv2-d128", "gqa-fp32-highest", None, {"dtype": "f32", "kv_heads": 2}),
+    ("fp32-3xtf32-gqa-ragged-seq500", "gqa-fp32-highest", {"seq_q": 500, "seq_k": 500}, {}),
 ]
 
 
@@ -541,11 +544,9 @@ def test_realized_attention_kernels_pass(realized_attention, run, sizes, expect)
     assert all(e.get("family", "attention") == "attention" for e in built)
     if dtype == "fp32" and precision == "highest":  # the sm80 kernel, fp32-accurate
         assert all(e["kernel"].endswith("_ms_3xtf32") for e in built), built
-    elif dtype == "fp32":  # TF32: Hopper's FMHA and the sm80 kernel where it can read the K/V heads
+    elif dtype == "fp32":  # TF32: Hopper's FMHA and the sm80 kernel
         kinds = sorted("sm80" if e["kernel"].endswith("_ms_tf32") else "hopper" for e in built)
-        p = pattern["problem"]
-        sm80 = p["kv_heads"] in (p["heads"], 1)
-        assert kinds == (["hopper", "sm80"] if sm80 else ["hopper", "hopper"]), built
+        assert kinds == ["hopper", "sm80"], built
         assert all(e["kernel"].endswith("_tf32") for e in built), built
     rows = tune(pattern, built, precision, problem=sizes)  # fault-isolated
     base, *kernels = rows

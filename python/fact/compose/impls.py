@@ -545,27 +545,23 @@ class AttentionImpl(Impl):
         if out_layout not in ("bs(hd)", "bhsd"):
             raise NotSupportedError(f"attention output layout {out_layout!r}")
         if backend == "cutlass":
-            # The sm80 kernel (f32) writes (batch, seq, heads, dim) only and reads one K/V head
-            # per query head or one for all; its info says so (Hopper's kernels take any).
+            # The sm80 kernel (f32) writes (batch, seq, heads, dim) only; its info says so
+            # (Hopper's kernels take any layout).
             layouts = info.get("out_layouts") or ["bs(hd)", "bhsd"]
             if out_layout not in layouts:
                 raise NotSupportedError(
                     f"{name} writes its output as {' or '.join(layouts)}, the model wants "
                     f"{out_layout}"
                 )
+            # ... and runs grouped query heads one launch per K/V head, where its one-query
+            # blocks take the group's heads as rows, a block of them at a time (the kernel
+            # refuses a partial block at run time).
             heads, kv_heads = int(problem.get("heads", 0)), int(problem.get("kv_heads", 0))
-            if "kv_heads" in info and kv_heads not in (heads, 1):
-                raise NotSupportedError(
-                    f"{name} reads {info['kv_heads']}; the pattern has {heads} query heads over "
-                    f"{kv_heads} K/V heads"
-                )
-            # ... and with one K/V head for all, its one-query blocks take the heads as rows, a
-            # block of them at a time (the kernel refuses a partial block at run time).
+            group = heads // kv_heads if kv_heads else 1
             block_q = int((info.get("config") or {}).get("block_q", 0))
-            shared = "kv_heads" in info and kv_heads == 1 < heads
-            if shared and block_q and heads > block_q and heads % block_q:
+            if "kv_groups" in info and block_q and group > block_q and group % block_q:
                 raise NotSupportedError(
-                    f"{name}: {heads} query heads over one K/V head is not a whole number of "
+                    f"{name}: {group} query heads over each K/V head is not a whole number of "
                     f"its {block_q}-row blocks"
                 )
         entry = AttentionKernel(causal, scale, out_dtype, backend, library, label, out_layout)

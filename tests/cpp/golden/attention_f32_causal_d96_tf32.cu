@@ -7,9 +7,10 @@
 // Math: one TF32 MMA per product (float32 matmul precision high or medium).
 // Q, K and V are read through their own strides (one K/V head per query head, or one for all);
 // O is written as a contiguous (batch, seq, heads, dim) buffer, the model's (batch, seq, heads*dim).
-// The kernel's 32-bit offsets and its path for a block left with one query over shared K/V
-// (it iterates over the heads instead, at most one block of them) bound what can_implement
-// accepts.
+// Grouped-query attention runs one launch per K/V head, its query heads sharing it (the kernel's
+// one-K/V-head-for-all form). The kernel's 32-bit offsets and its path for a block left with one
+// query over shared K/V (it iterates over the heads instead, at most one block of them) bound
+// what can_implement accepts.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -58,10 +59,13 @@ int fail(int status, const char* message) {
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool fits(int64_t v) { return v >= 0 && v <= 2147483647; }
 
-// K/V head strides as the kernel gets them: 0 when one K/V head serves every query head.
-int64_t kv_head_stride(const FactAttentionArgs* a, int64_t stride) {
-  return a->kv_heads == 1 && a->heads > 1 ? 0 : stride;
-}
+// Query heads a launch takes over one K/V head: 1 (one K/V head each, a single launch over every
+// head) or heads / kv_heads (one launch per K/V head).
+int64_t group_size(const FactAttentionArgs* a) { return a->heads / a->kv_heads; }
+int64_t launch_heads(const FactAttentionArgs* a) { return group_size(a) > 1 ? group_size(a) : a->heads; }
+
+// K/V head strides as the kernel gets them: 0 when a launch's query heads share one K/V head.
+int64_t kv_head_stride(const FactAttentionArgs* a, int64_t stride) { return group_size(a) > 1 ? 0 : stride; }
 
 // More than 48 KiB of shared memory must be allowed, once per device.
 cudaError_t allow_shared_memory() {
@@ -88,7 +92,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
 __attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_attention_f32_causal_d96_b31a52a173_q32kv128_ms_tf32"; }
-__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"causal":true,"config":{"block_kv":128,"block_q":32,"math":"tf32","name":"q32kv128_ms_tf32","schedule":"multistage"},"dtype":"f32","family":"attention","head_dim":96,"kv_heads":"one per query head, or one for all","math":"tf32","out_layouts":["bs(hd)"]})FACTJSON"; }
+__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"causal":true,"config":{"block_kv":128,"block_q":32,"math":"tf32","name":"q32kv128_ms_tf32","schedule":"multistage"},"dtype":"f32","family":"attention","head_dim":96,"kv_groups":"one launch per K/V head","math":"tf32","out_layouts":["bs(hd)"]})FACTJSON"; }
 __attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
 
 __attribute__((visibility("default"))) int fact_attention_can_implement(const FactAttentionArgs* a) {
@@ -98,14 +102,11 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
     return fail(FACT_INVALID_ARGS, "empty problem");
   }
   if (a->heads % a->kv_heads) return fail(FACT_INVALID_ARGS, "heads is not a multiple of kv_heads");
-  if (a->kv_heads != a->heads && a->kv_heads != 1) {
-    return fail(FACT_NOT_SUPPORTED, "grouped-query attention: this kernel reads one K/V head per query head, or one for all");
-  }
   if (a->head_dim > kHeadDim || a->head_dim % kAlignment) {
     return fail(FACT_NOT_SUPPORTED, "head_dim must be a multiple of 4 and at most 96");
   }
   if (kCausal && a->seq_q > a->seq_k) return fail(FACT_NOT_SUPPORTED, "causal attention with more queries than keys");
-  if (a->batch > 65535 || a->heads > 65535) return fail(FACT_NOT_SUPPORTED, "batch or heads above 65535 (grid limit)");
+  if (a->batch > 65535 || launch_heads(a) > 65535) return fail(FACT_NOT_SUPPORTED, "batch or heads above 65535 (grid limit)");
   const int64_t kh = kv_head_stride(a, a->k_stride_h), vh = kv_head_stride(a, a->v_stride_h);
   const int64_t row_strides[] = {a->q_stride_s, a->q_stride_h, a->k_stride_s, kh, a->v_stride_s, vh};
   for (int64_t s : row_strides) {
@@ -117,13 +118,14 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
   }
   // 32-bit products in the kernel: key row x stride, head x head stride, batch x queries.
   const int64_t head_stride = std::max(a->q_stride_h, std::max(kh, vh));
-  if (!fits(a->seq_k * std::max(a->k_stride_s, a->v_stride_s)) || !fits((a->heads - 1) * head_stride) ||
+  if (!fits(a->seq_k * std::max(a->k_stride_s, a->v_stride_s)) || !fits((launch_heads(a) - 1) * head_stride) ||
       !fits(a->batch * a->seq_q) || !fits(a->heads * a->head_dim)) {
     return fail(FACT_NOT_SUPPORTED, "offsets beyond int32 (sequence x stride, heads x head stride or batch x seq_q)");
   }
   // A block left with one query over shared K/V heads takes every head as its rows, from its
   // own head on: heads beyond one block must come in whole blocks.
-  if (kh == 0 && vh == 0 && a->heads > kBlockQ && a->heads % kBlockQ) {
+  const int64_t group = group_size(a);
+  if (group > 1 && group > kBlockQ && group % kBlockQ) {
     return fail(FACT_NOT_SUPPORTED, "one K/V head for more query heads than a block of 32 that are not a multiple of it");
   }
   // The kernel addresses O as (batch, seq, heads, dim), contiguous.
@@ -147,43 +149,48 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
     std::snprintf(g_error, sizeof g_error, "cudaFuncSetAttribute: %s", cudaGetErrorString(err));
     return FACT_CUDA_ERROR;
   }
-  typename Kernel::Params p;
-  p.query_ptr = static_cast<float*>(const_cast<void*>(a->q));
-  p.key_ptr = static_cast<float*>(const_cast<void*>(a->k));
-  p.value_ptr = static_cast<float*>(const_cast<void*>(a->v));
-  p.output_ptr = static_cast<float*>(a->o);
-  p.output_accum_ptr = nullptr;  // fp32: accumulates in the output itself
-  p.logsumexp_ptr = nullptr;     // forward only
-  p.scale = a->scale;
-  p.num_batches = static_cast<int32_t>(a->batch);
-  p.num_heads = static_cast<int32_t>(a->heads);
-  p.head_dim = p.head_dim_value = static_cast<int32_t>(a->head_dim);
-  p.num_queries = static_cast<int32_t>(a->seq_q);
-  // Top-left causal: no query sees a key at or past seq_q (and the kernel's one-query path,
-  // which drops the mask, then stops at the diagonal too).
-  p.num_keys = static_cast<int32_t>(kCausal ? std::min(a->seq_k, a->seq_q) : a->seq_k);
-  p.custom_mask_type = kCausal ? Kernel::CausalFromTopLeft : Kernel::NoCustomMask;
-  p.q_strideM = static_cast<int32_t>(a->q_stride_s);
-  p.k_strideM = static_cast<int32_t>(a->k_stride_s);
-  p.v_strideM = static_cast<int32_t>(a->v_stride_s);
-  p.o_strideM = static_cast<int32_t>(a->o_stride_s);
-  p.q_strideH = static_cast<int32_t>(a->q_stride_h);
-  p.k_strideH = static_cast<int32_t>(kv_head_stride(a, a->k_stride_h));  // 0: one K/V head for all
-  p.v_strideH = static_cast<int32_t>(kv_head_stride(a, a->v_stride_h));
-  p.q_strideB = a->q_stride_b;
-  p.k_strideB = a->k_stride_b;
-  p.v_strideB = a->v_stride_b;
-  if (!Kernel::check_supported(p)) return fail(FACT_NOT_SUPPORTED, "the kernel's own check refused the problem");
-  attention_kernel_batched_impl<Kernel><<<p.getBlocksGrid(), p.getThreadsGrid(), kSharedBytes,
-                                          static_cast<cudaStream_t>(stream)>>>(p);
-  err = cudaGetLastError();
-  if (err == cudaErrorInvalidConfiguration || err == cudaErrorLaunchOutOfResources) {
-    std::snprintf(g_error, sizeof g_error, "launch refused: %s (grid or resource limits)", cudaGetErrorString(err));
-    return FACT_NOT_SUPPORTED;
-  }
-  if (err != cudaSuccess) {
-    std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
-    return FACT_CUDA_ERROR;
+  // One launch over every head, or (grouped-query) one per K/V head over the query heads that
+  // share it: query heads h*group .. h*group + group - 1, output heads likewise.
+  const int64_t group = group_size(a), launches = group > 1 ? a->kv_heads : 1;
+  for (int64_t h = 0; h < launches; ++h) {
+    typename Kernel::Params p;
+    p.query_ptr = static_cast<float*>(const_cast<void*>(a->q)) + h * group * a->q_stride_h;
+    p.key_ptr = static_cast<float*>(const_cast<void*>(a->k)) + h * a->k_stride_h;
+    p.value_ptr = static_cast<float*>(const_cast<void*>(a->v)) + h * a->v_stride_h;
+    p.output_ptr = static_cast<float*>(a->o) + h * group * a->head_dim;
+    p.output_accum_ptr = nullptr;  // fp32: accumulates in the output itself
+    p.logsumexp_ptr = nullptr;     // forward only
+    p.scale = a->scale;
+    p.num_batches = static_cast<int32_t>(a->batch);
+    p.num_heads = static_cast<int32_t>(launch_heads(a));
+    p.head_dim = p.head_dim_value = static_cast<int32_t>(a->head_dim);
+    p.num_queries = static_cast<int32_t>(a->seq_q);
+    // Top-left causal: no query sees a key at or past seq_q (and the kernel's one-query path,
+    // which drops the mask, then stops at the diagonal too).
+    p.num_keys = static_cast<int32_t>(kCausal ? std::min(a->seq_k, a->seq_q) : a->seq_k);
+    p.custom_mask_type = kCausal ? Kernel::CausalFromTopLeft : Kernel::NoCustomMask;
+    p.q_strideM = static_cast<int32_t>(a->q_stride_s);
+    p.k_strideM = static_cast<int32_t>(a->k_stride_s);
+    p.v_strideM = static_cast<int32_t>(a->v_stride_s);
+    p.o_strideM = static_cast<int32_t>(a->o_stride_s);
+    p.q_strideH = static_cast<int32_t>(a->q_stride_h);
+    p.k_strideH = static_cast<int32_t>(kv_head_stride(a, a->k_stride_h));  // 0: the launch's heads share it
+    p.v_strideH = static_cast<int32_t>(kv_head_stride(a, a->v_stride_h));
+    p.q_strideB = a->q_stride_b;
+    p.k_strideB = a->k_stride_b;
+    p.v_strideB = a->v_stride_b;
+    if (!Kernel::check_supported(p)) return fail(FACT_NOT_SUPPORTED, "the kernel's own check refused the problem");
+    attention_kernel_batched_impl<Kernel><<<p.getBlocksGrid(), p.getThreadsGrid(), kSharedBytes,
+                                            static_cast<cudaStream_t>(stream)>>>(p);
+    err = cudaGetLastError();
+    if (err == cudaErrorInvalidConfiguration || err == cudaErrorLaunchOutOfResources) {
+      std::snprintf(g_error, sizeof g_error, "launch refused: %s (grid or resource limits)", cudaGetErrorString(err));
+      return FACT_NOT_SUPPORTED;
+    }
+    if (err != cudaSuccess) {
+      std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
+      return FACT_CUDA_ERROR;
+    }
   }
   return FACT_OK;
 }
