@@ -45,3 +45,9 @@ scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"              
 python3 bench/gemm_bench.py .device/s80e --out $OUT/s80e
 scripts/gpu_tests.sh -k "test_compose_gpu and (fp32_highest or generated_kernels)"   # 2 passed
 scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"                  # 7 passed, 1 skipped
+#
+# Call 5 (call5/), at commit 94797bf (the sm80 attention runs grouped-query attention, one launch
+# per K/V head), same environment: the attention GPU tests of grouped-query attention and 3xTF32
+# (gpu_tests_attention.log: 7 passed), then the Llama block in fp32 highest again.
+scripts/gpu_tests.sh -k "realized_attention and (gqa or 3xtf32)" -s
+scripts/gpu_bench.sh llama-fp32
