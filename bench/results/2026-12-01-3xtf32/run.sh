@@ -51,3 +51,9 @@ scripts/gpu_tests.sh -k "test_tune_gpu and not realized_attention"              
 # (gpu_tests_attention.log: 7 passed), then the Llama block in fp32 highest again.
 scripts/gpu_tests.sh -k "realized_attention and (gqa or 3xtf32)" -s
 scripts/gpu_bench.sh llama-fp32
+#
+# Calls 6-7 (call6/, the second): the tripled-K probe through cuBLAS and through FACT's own TF32
+# kernel, with the small products first in K as a third variant. On the CPU machine:
+#   fact realize bench/problems/gemm_square_tn.py --dtype fp32 --precision high --candidates 1 --out .device/s80g/tf32_tn
+# On the GPU machine:
+python3 bench/split_tf32_probe.py --fact-kernel .device/s80g/tf32_tn/lib/fact_gemm_f32_rc_b11474f177_t128x256x32_c2x1_coop_tmacoop_sauto_persistent_tf32.so
