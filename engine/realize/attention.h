@@ -41,7 +41,7 @@ struct AttentionSpec {
   // f32: the sm80 kernel is a candidate (under `highest` the only one), Hopper's runs in TF32
   bool f32() const { return dtype == "f32"; }
   // Why the sm80 kernel cannot compute the pattern (f32; empty when it can): a head dim above
-  // 128, an output other than a contiguous (batch, seq, heads, dim) one, grouped-query K/V.
+  // 128, or an output other than a contiguous (batch, seq, heads, dim) one.
   // Hopper's FMHA in TF32 can; under `highest` the pattern is refused.
   std::string sm80_refusal;
 };

@@ -543,6 +543,12 @@ static std::pair<double, double> operand_reads(const GemmConfig& c, int64_t tile
   return {(1.0 - sk_share) * dp_a + sk_share * own_a, (1.0 - sk_share) * dp_b + sk_share * own_b};
 }
 
+// A tile's efficiency prior from its operand reuse, tile_m*tile_n/(tile_m+tile_n) (see kReuseFull).
+static double reuse_efficiency(double tile_m, double tile_n) {
+  const double reuse = tile_m * tile_n / (tile_m + tile_n);
+  return 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+}
+
 // How far a config's stages cover the loads' latency (see kLoadLatency): the factor a K block of
 // `t_stage` seconds slows down by, said in `reasons` when it does. The filter drops configs with
 // fewer than 2 stages; scored anyway, they count as 2.
@@ -604,10 +610,8 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
   const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
   const int64_t tiles = grid_m * grid_n * batch;
   const int64_t useful = tiles_m * tiles_n * batch;
-  // Efficiency.
-  const double tn_eff = static_cast<double>(p.b_operands) * c.tile_n;
-  const double reuse = c.tile_m * tn_eff / (c.tile_m + tn_eff);
-  double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+  // Efficiency (a gated tile reuses its A tile for both B operands).
+  double eff = reuse_efficiency(c.tile_m, static_cast<double>(p.b_operands) * c.tile_n);
   const double rate = rate_per_sm(p, c);
   const double flops_per_k = 2.0 * p.b_operands * c.tile_m * c.tile_n;  // a tile's flops per unit of K
   const int stages = smem_sm90(p, c).stages;
@@ -618,15 +622,15 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
     const double gain = 1.0 + kClusterGainMax * (1.0 - loads / (c.tile_m + c.tile_n));
     eff *= gain;
     reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) +
-                        ": TMA multicast (x" + fmt(gain) + ")" +
-                        (sms < kSm90SmCount ? ", but only " + std::to_string(sms) + " of " +
-                                                  std::to_string(kSm90SmCount) + " SMs hold such clusters at once"
-                                            : ""));
+                      ": TMA multicast (x" + fmt(gain) + ")" +
+                      (sms < kSm90SmCount ? ", but only " + std::to_string(sms) + " of " +
+                                                std::to_string(kSm90SmCount) + " SMs hold such clusters at once"
+                                          : ""));
   }
   if (c.cluster_m > tiles_m || c.cluster_n > tiles_n) {
     reasons.push_back("cluster " + std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n) + " over " +
-                        std::to_string(tiles_m) + "x" + std::to_string(tiles_n) +
-                        " tiles: padding CTAs idle in every cluster");
+                      std::to_string(tiles_m) + "x" + std::to_string(tiles_n) +
+                      " tiles: padding CTAs idle in every cluster");
   }
   const double t_main = flops_per_k * static_cast<double>(p.k) / (rate * eff);
   const double t_epilogue = epilogue_time(p, c, std::min<int64_t>(sms, tiles));
@@ -634,12 +638,12 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
   if (c.kernel_schedule == "pingpong") {
     t_tile = std::max(t_main, t_epilogue);
     reasons.push_back("pingpong: the epilogue (" + fmt(t_epilogue * 1e6) + " us a tile) " +
-                        (t_epilogue <= t_main ? "hides behind" : "outlasts") + " the other warpgroup's mainloop (" +
-                        fmt(t_main * 1e6) + " us)");
+                      (t_epilogue <= t_main ? "hides behind" : "outlasts") + " the other warpgroup's mainloop (" +
+                      fmt(t_main * 1e6) + " us)");
   } else {
     t_tile = t_main + t_epilogue;
     reasons.push_back("cooperative: the epilogue (" + fmt(t_epilogue * 1e6) + " us a tile) follows the mainloop (" +
-                        fmt(t_main * 1e6) + " us)");
+                      fmt(t_main * 1e6) + " us)");
   }
   const int64_t waves = ceil_div(tiles, sms);
   const int64_t last = tiles - (waves - 1) * sms;
@@ -649,7 +653,7 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
     if (sk_tiles == 0) {
       t_compute *= 1.01;
       reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) +
-                          " tiles: whole waves, or a last wave at least half full)");
+                        " tiles: whole waves, or a last wave at least half full)");
     } else {
       const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
       const double t_iter = t_tile / static_cast<double>(k_iters);
@@ -660,14 +664,14 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
       t_compute = static_cast<double>(dp_waves) * t_tile +
                   static_cast<double>(ceil_div(sk_useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
       reasons.push_back("stream_k: " + std::to_string(sk_useful * k_iters) + " K iterations of " +
-                          std::to_string(sk_useful) + " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
-                          (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
+                        std::to_string(sk_useful) + " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
+                        (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
     }
   } else {
     reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
-                        (waves > 1 ? "s" : "") + ", last " +
-                        fmt(100.0 * static_cast<double>(last) / static_cast<double>(sms), 3) + "% full" +
-                        (sms < kSm90SmCount ? " (" + std::to_string(sms) + " SMs)" : ""));
+                      (waves > 1 ? "s" : "") + ", last " +
+                      fmt(100.0 * static_cast<double>(last) / static_cast<double>(sms), 3) + "% full" +
+                      (sms < kSm90SmCount ? " (" + std::to_string(sms) + " SMs)" : ""));
   }
   // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
   // and clusters that load each operand once.
@@ -688,8 +692,7 @@ static double model_multistage(const GemmProblem& p, const GemmConfig& c, double
   const int64_t smem = multistage_smem_bytes(c);
   const int64_t resident = std::max<int64_t>(1, std::min(kSm90SmemPerSm / (smem + 1024),
                                                          kRegistersPerSm / (threads * kMultistageRegisters)));
-  const double reuse = static_cast<double>(c.tile_m) * c.tile_n / (c.tile_m + c.tile_n);
-  double eff = 0.5 + 0.5 * std::min(1.0, reuse / kReuseFull);
+  double eff = reuse_efficiency(c.tile_m, c.tile_n);
   const double rate = rate_per_sm(p, c) / static_cast<double>(resident);  // one CTA's share
   const double flops_per_k = 2.0 * c.tile_m * c.tile_n;
   eff *= stage_cover(flops_per_k * c.tile_k / (rate * eff), c.stages, reasons);

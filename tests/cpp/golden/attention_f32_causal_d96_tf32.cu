@@ -5,9 +5,9 @@
 // softmax; tile 32 queries x 128 keys, head dim up to 96 (the output stays in
 // registers when one key tile covers it).
 // Math: one TF32 MMA per product (float32 matmul precision high or medium).
-// Q, K and V are read through their own strides (one K/V head per query head, or one for all);
-// O is written as a contiguous (batch, seq, heads, dim) buffer, the model's (batch, seq, heads*dim).
-// Grouped-query attention runs one launch per K/V head, its query heads sharing it (the kernel's
+// Q, K and V are read through their own strides; O is written as a contiguous
+// (batch, seq, heads, dim) buffer, the model's (batch, seq, heads*dim). Grouped-query and
+// multi-query attention run one launch per K/V head, its query heads sharing it (the kernel's
 // one-K/V-head-for-all form). The kernel's 32-bit offsets and its path for a block left with one
 // query over shared K/V (it iterates over the heads instead, at most one block of them) bound
 // what can_implement accepts.
@@ -125,7 +125,7 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
   // A block left with one query over shared K/V heads takes every head as its rows, from its
   // own head on: heads beyond one block must come in whole blocks.
   const int64_t group = group_size(a);
-  if (group > 1 && group > kBlockQ && group % kBlockQ) {
+  if (group > kBlockQ && group % kBlockQ) {
     return fail(FACT_NOT_SUPPORTED, "one K/V head for more query heads than a block of 32 that are not a multiple of it");
   }
   // The kernel addresses O as (batch, seq, heads, dim), contiguous.
