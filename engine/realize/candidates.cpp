@@ -211,6 +211,9 @@ std::vector<std::string> multistage_violations(const GemmProblem& p, const GemmC
                   " in math " + c.math);
   }
   if (p.b_operands != 1) why.push_back("a multistage kernel multiplies one B operand");
+  if (p.family == "horizontal_gemm") {
+    why.push_back("no grouped (horizontal) form of the sm80 3xTF32 kernel: the parts stay PyTorch's GEMMs");
+  }
   if (c.epilogue_schedule != "visitor" || c.tile_scheduler != "grid" || c.cluster_m != 1 || c.cluster_n != 1) {
     why.push_back("a multistage kernel takes the visitor epilogue, the grid scheduler and no cluster, got " +
                   c.epilogue_schedule + ", " + c.tile_scheduler + ", cluster " + std::to_string(c.cluster_m) + "x" +
@@ -267,7 +270,13 @@ std::vector<std::string> config_violations(const GemmProblem& p, const GemmConfi
   } else {
     why.push_back("unknown kernel schedule '" + c.kernel_schedule + "'");
   }
-  if (c.tile_scheduler != "persistent" && c.tile_scheduler != "stream_k") {
+  const bool grouped = p.family == "horizontal_gemm";
+  if (grouped && c.tile_scheduler != "group") {
+    why.push_back("a horizontal GEMM runs CUTLASS's grouped (ptr-array) kernel, whose tile scheduler is group, not " +
+                  c.tile_scheduler);
+  } else if (!grouped && c.tile_scheduler == "group") {
+    why.push_back("the group tile scheduler is for horizontal GEMMs (CUTLASS's grouped kernel)");
+  } else if (c.tile_scheduler != "persistent" && c.tile_scheduler != "stream_k" && c.tile_scheduler != "group") {
     why.push_back("unknown tile scheduler '" + c.tile_scheduler + "'");
   }
   // WGMMA: N is a multiple of 8 up to 256 (we keep multiples of 16); one K step is 32 bytes.
@@ -469,9 +478,10 @@ std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& 
             c.kernel_schedule = sched[0];
             c.epilogue_schedule = sched[1];
             c.stages = 0;
-            c.tile_scheduler = "persistent";
+            c.tile_scheduler = p.family == "horizontal_gemm" ? "group" : "persistent";
             c.math = math;
             out.push_back(c);
+            if (p.family == "horizontal_gemm") continue;  // the grouped kernel: no stream-K form
             const int64_t tiles = ceil_div(p.m, tm) * ceil_div(p.n, tn) * std::max<int64_t>(1, p.batch);
             if (long_k || tiles < kSm90SmCount) {
               c.tile_scheduler = "stream_k";
@@ -569,13 +579,21 @@ static double epilogue_time(const GemmProblem& p, const GemmConfig& c, int64_t s
   return bytes / (discover::hardware("sm90", "").bandwidth / static_cast<double>(storing));
 }
 
+// Output tiles along N: a horizontal GEMM's parts tile separately (each rounds up on its own).
+static int64_t tiles_along_n(const GemmProblem& p, const GemmConfig& c) {
+  if (p.n_parts.empty()) return ceil_div(p.n, c.tile_n);
+  int64_t tiles = 0;
+  for (const int64_t n : p.n_parts) tiles += ceil_div(n, c.tile_n);
+  return tiles;
+}
+
 // The operands' traffic in seconds: `t_memory` (each byte once) plus the re-reads of operands
 // bigger than L2 (operand_reads) over `sms` CTAs at once; said in `reasons` when it weighs.
 static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms, double sk_share, double t_memory,
                           double t_compute, std::vector<std::string>& reasons) {
   const auto& hw = discover::hardware("sm90", "");
   const int64_t batch = std::max<int64_t>(1, p.batch);
-  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = tiles_along_n(p, c);
   const double a_bytes = static_cast<double>(batch * p.m * p.k * bytes_of(p.dtype_a));
   const double b_bytes = static_cast<double>(batch * p.b_operands * p.k * p.n * bytes_of(p.dtype_b));
   const auto [a_reads, b_reads] = operand_reads(c, tiles_m, tiles_n, batch, sms, sk_share);
@@ -606,7 +624,7 @@ static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms
 // In seconds; `reasons` says what weighed.
 static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
   const int64_t batch = std::max<int64_t>(1, p.batch);
-  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = tiles_along_n(p, c);
   const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
   const int64_t tiles = grid_m * grid_n * batch;
   const int64_t useful = tiles_m * tiles_n * batch;
@@ -685,7 +703,7 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
 // each at its share of the SM's mma.sync rate (kMmaSyncShare of the WGMMA peak, a prior).
 static double model_multistage(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
   const int64_t batch = std::max<int64_t>(1, p.batch);
-  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = ceil_div(p.n, c.tile_n);
+  const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = tiles_along_n(p, c);
   const int64_t tiles = tiles_m * tiles_n * batch;
   const auto [warps_m, warps_n] = multistage_warps(c);
   const int64_t threads = 32 * warps_m * warps_n;

@@ -484,7 +484,56 @@ std::map<std::string, std::string> gemm_vars(const GemmSpec& spec, const GemmCon
 }  // namespace
 
 EmittedKernel emit_gemm(const GemmSpec& spec, const GemmConfig& c) {
+  if (spec.family == "horizontal_gemm") return emit_gemm_grouped_sm90(spec, c);
   return c.kernel_schedule == "multistage" ? emit_gemm_sm80(spec, c) : emit_gemm_sm90(spec, c);
+}
+
+EmittedKernel emit_gemm_grouped_sm90(const GemmSpec& spec, const GemmConfig& c) {
+  if (spec.family != "horizontal_gemm") throw NotSupported("a grouped GEMM kernel is for horizontal_gemm patterns");
+  if (c.tile_scheduler != "group") {
+    throw NotSupported("a horizontal GEMM runs CUTLASS's grouped kernel with the group tile scheduler, not " +
+                       c.tile_scheduler);
+  }
+  if (c.math == "3xtf32") throw NotSupported("no grouped form of the 3xTF32 (fp32-accurate) GEMM");
+  if (spec.dtype_a == "f32" && (spec.layout_a != "row" || spec.layout_b != "col")) {
+    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + spec.layout_a + " A, " +
+                       spec.layout_b + " B");
+  }
+  if (spec.operands.size() > 1 || (spec.operands.size() == 1 && spec.operands[0].kind != "row")) {
+    throw NotSupported("a horizontal GEMM's epilogue adds at most one bias row per part");
+  }
+  const bool bias = !spec.operands.empty();
+  EvtLeaves leaves;
+  std::string element_bias = cutlass_element(spec.dtype_out);
+  if (bias) {
+    element_bias = cutlass_element(spec.operands[0].dtype.empty() ? spec.dtype_out : spec.operands[0].dtype);
+    leaves.types = ",\n    Sm90RowBroadcast<0, TileShape, ElementBias, ElementCompute, Stride<_0, _1, int64_t>>";
+    leaves.params += ", T const& x1";
+  }
+  const bool coop = c.kernel_schedule == "cooperative";
+  EmittedKernel k;
+  k.name = gemm_kernel_name(spec, c);
+  auto vars = gemm_vars(spec, c, leaves, k.name);
+  vars.erase("gemm_abi");  // the grouped kernel's C ABI reads the parts: its own, in the template
+  vars.insert({
+      {"element_bias", element_bias},
+      {"has_bias", bias ? "true" : "false"},
+      {"kernel_info", gemm_kernel_info(spec, c).dump()},
+      {"cluster_m", std::to_string(c.cluster_m)},
+      {"cluster_n", std::to_string(c.cluster_n)},
+      {"kernel_schedule", coop ? "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative"
+                               : "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong"},
+      {"epilogue_schedule", coop ? "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative"
+                                 : "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong"},
+      {"stage_count",
+       c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
+                    : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
+      {"fusion_arguments",
+       bias ? "{{}, {reinterpret_cast<const ElementBias*>(ws + l.bias), ElementBias(0), {_0{}, _1{}, parts.max_n}}, {}}"
+            : "{{}, {}}"},
+  });
+  k.source = substitute(templates::kGemmGroupedSm90, vars);
+  return k;
 }
 
 EmittedKernel emit_gemm_sm80(const GemmSpec& spec, const GemmConfig& c) {

@@ -46,13 +46,19 @@ struct EmittedKernel {
   std::string source;  // the .cu text
 };
 
-// The kernel of `config`: emit_gemm_sm80 for a multistage config, else emit_gemm_sm90.
+// The kernel of `config`: emit_gemm_grouped_sm90 for a horizontal GEMM, emit_gemm_sm80 for a
+// multistage config, else emit_gemm_sm90.
 EmittedKernel emit_gemm(const GemmSpec& spec, const GemmConfig& config);
 EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& config);
 // CUTLASS 2.x sm80 GEMM, cp.async multistage + mma.sync, with an sm80 epilogue visitor tree (the
 // same operand kinds; a full operand is an aux load). For f32 operands in 3xTF32 (the
 // fp32-accurate GEMMs under precision "highest"); runs on sm80 and later, sm90 included.
 EmittedKernel emit_gemm_sm80(const GemmSpec& spec, const GemmConfig& config);
+// A horizontally fused GEMM (family horizontal_gemm): CUTLASS 3's sm90 grouped (ptr-array)
+// kernel, one persistent grid over every part's tiles; the parts share A and keep their own B
+// (the model's weights, in place), D and bias, passed in FactGemmArgs.parts. Group tile
+// scheduler only; no 3xTF32 form.
+EmittedKernel emit_gemm_grouped_sm90(const GemmSpec& spec, const GemmConfig& config);
 
 // A gated MLP, act(x @ W_gate^T) * (x @ W_up^T), as one GEMM pattern with a fused epilogue:
 // the up projection stays a plain GEMM (PyTorch's) and the gate GEMM's epilogue computes

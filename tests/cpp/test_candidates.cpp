@@ -613,6 +613,46 @@ TEST(Candidates, PingpongWithStreamKIsDropped) {
   }
 }
 
+// A horizontal GEMM runs CUTLASS's grouped kernel: the lists give it the group scheduler only,
+// the filter drops every other scheduler (and the sm80 3xTF32 kernels, which have no grouped
+// form) with the reason, and the model tiles each part on its own.
+TEST(Candidates, HorizontalGemmsTakeTheGroupSchedulerOnly) {
+  auto mt = gemm_match(8192, 6144, 4096);
+  mt.family = Family::horizontal_gemm;
+  mt.problem["n_parts"] = {4096, 1024, 1024};
+  const auto p = GemmProblem::from_match(mt);
+  const auto listed = enumerate_sm90(p);
+  ASSERT_FALSE(listed.empty());
+  for (const auto& c : listed) EXPECT_EQ(c.tile_scheduler, "group") << c.name();
+  EXPECT_FALSE(filter_sm90(p, listed).kept.empty());
+  EXPECT_NE(verdict(p, cfg(128, 256, 64)).find("grouped (ptr-array) kernel"), std::string::npos);
+  EXPECT_NE(verdict(p, cfg(128, 256, 64, "cooperative", 0, "stream_k")).find("group"), std::string::npos);
+  EXPECT_EQ(verdict(p, cfg(128, 256, 64, "cooperative", 0, "group")), "");
+  // a plain GEMM refuses the group scheduler
+  EXPECT_NE(verdict(bf16_problem(8192, 6144, 4096), cfg(128, 256, 64, "cooperative", 0, "group")).find("horizontal"),
+            std::string::npos);
+  // fp32-accurate: no grouped 3xTF32 kernel
+  auto f32 = gemm_match(8192, 6144, 4096, "f32");
+  f32.family = Family::horizontal_gemm;
+  f32.problem["n_parts"] = {4096, 1024, 1024};
+  const auto pf = GemmProblem::from_match(f32);
+  const auto highest = filter_sm90(pf, enumerate_sm90(pf, "highest"));
+  EXPECT_TRUE(highest.kept.empty());
+  ASSERT_FALSE(highest.dropped.empty());
+  EXPECT_NE(highest.dropped[0].reason.find("no grouped (horizontal) form"), std::string::npos);
+  // Each part tiles on its own: three parts of 384 columns take 2 tiles of 256 each, 6 along N
+  // where 1152 columns in one take 5; with 24 tiles along M that is 144 tiles (two waves on 132
+  // SMs) against 120 (one).
+  auto odd = mt;
+  odd.problem["m"] = 3072;
+  odd.problem["n"] = 1152;
+  odd.problem["n_parts"] = {384, 384, 384};
+  auto whole = gemm_match(3072, 1152, 4096);
+  const auto ranked_odd = rank_sm90(GemmProblem::from_match(odd), {cfg(128, 256, 64, "cooperative", 0, "group")});
+  const auto ranked_whole = rank_sm90(GemmProblem::from_match(whole), {cfg(128, 256, 64)});
+  EXPECT_GT(ranked_odd.at(0).est_us, ranked_whole.at(0).est_us);
+}
+
 TEST(Candidates, LongKWithFewTilesPrefersReadingEachOperandOnce) {
   // 256 x 256 x 524288 bf16: A and B are 256 MB each, far beyond L2. 128x64 tiles would read A
   // four times; 128x256 tiles in a 2x1 cluster read each operand once.

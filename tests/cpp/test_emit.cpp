@@ -217,6 +217,43 @@ TEST(Emit, UnsupportedPatternsSayWhy) {
   EXPECT_THROW(emit_gemm_sm90(GemmSpec::from_pattern(cast_int), c), NotSupported);
 }
 
+// A horizontal GEMM (q, k, v projections of one input): CUTLASS's grouped ptr-array kernel over
+// the parts' own weights; a bias per part goes through a [parts, max n] copy in the workspace.
+json horizontal(const std::string& dtype, bool bias) {
+  json ops = {operand("a", dtype + "[64, 32]"), operand("b", dtype + "[48, 32]")};
+  if (bias) ops.push_back(operand("bias", dtype + "[48]", "row"));
+  ops.push_back(operand("b", dtype + "[16, 32]"));
+  return {{"family", "horizontal_gemm"},
+          {"attrs", {{"dtype_a", dtype}, {"dtype_b", dtype}, {"dtype_out", dtype}, {"layout_a", "row"}, {"layout_b", "col"}}},
+          {"operands", ops},
+          {"problem", {{"batch", 1}, {"m", 64}, {"n", 64}, {"k", 32}, {"n_parts", {48, 16}}}}};
+}
+
+TEST(Emit, HorizontalGemmIsAGroupedKernelOverThePartsWeights) {
+  const auto spec = GemmSpec::from_pattern(horizontal("bf16", true));
+  const auto k = emit_gemm(spec, config(128, 128, 64, 2, 1, "cooperative", "group"));
+  EXPECT_NE(k.name.find("_t128x128x64_c2x1_coop_tmacoop_sauto_group"), std::string::npos);
+  EXPECT_NE(k.source.find("cutlass::gemm::GroupProblemShape<Shape<int, int, int>>"), std::string::npos);
+  EXPECT_NE(k.source.find("cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr bool kHasBias = true;"), std::string::npos);
+  EXPECT_NE(k.source.find("{_0{}, _1{}, parts.max_n}"), std::string::npos);  // row p: part p's bias
+  EXPECT_EQ(k.source.find("${"), std::string::npos);
+  expect_golden(k, "gemm_grouped_bf16_rc_bias_coop.cu");
+  // Without a bias the tree is the accumulator alone; pingpong takes the ptr-array pingpong pair.
+  const auto plain = emit_gemm(GemmSpec::from_pattern(horizontal("f16", false)), config(128, 64, 64, 1, 1, "pingpong", "group"));
+  EXPECT_NE(plain.source.find("constexpr bool kHasBias = false;"), std::string::npos);
+  EXPECT_NE(plain.source.find("cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong"), std::string::npos);
+  EXPECT_EQ(plain.source.find("Sm90RowBroadcast"), std::string::npos);
+  // Other schedulers, 3xTF32 and non-K-major TF32 have no grouped form.
+  EXPECT_THROW(emit_gemm(spec, config(128, 128, 64, 2, 1, "cooperative")), NotSupported);
+  auto f32 = config(128, 128, 32, 1, 1, "cooperative", "group");
+  f32.math = "3xtf32";
+  EXPECT_THROW(emit_gemm(GemmSpec::from_pattern(horizontal("f32", false)), f32), NotSupported);
+  // and a plain GEMM never takes the group scheduler's template
+  const auto gemm = GemmSpec::from_pattern(pattern("bf16", "row", "col", json::array({acc()}), {}, "acc"));
+  EXPECT_THROW(emit_gemm_grouped_sm90(gemm, config(128, 128, 64, 1, 1, "cooperative", "group")), NotSupported);
+}
+
 TEST(Emit, GatedMlpLowersToTheGateGemmWithActTimesUp) {
   json gated = {{"family", "gated_mlp"},
                 {"rule", "gated_mlp"},

@@ -132,6 +132,71 @@ def test_realize_compiles_an_fp32_accurate_gemm(engine_available, tmp_path):
     assert "epilogue operand 0 (row)" in lib.last_error()
 
 
+QKV = textwrap.dedent(
+    """
+    import torch
+    import torch.nn as nn
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.v = nn.Linear(256, 256), nn.Linear(256, 64)
+            self.k = nn.Linear(256, 64, bias=False)
+
+        def forward(self, x):
+            return self.q(x).sum(-1) + self.k(x).sum(-1) * self.v(x).sum(-1)
+
+
+    def get_inputs():
+        return [torch.randn(64, 256)]
+    """
+)
+
+
+def test_realize_compiles_a_horizontal_gemm(engine_available, tmp_path):
+    """Three projections of one input: one CUTLASS grouped (ptr-array) kernel that reads each
+    part's own weight, D and bias through FactGemmArgs.parts, and refuses on the CPU what it
+    cannot run."""
+    from fact.tune.abi import FactGemmArgs, KernelLibrary, Status
+
+    problem = tmp_path / "qkv.py"
+    problem.write_text(QKV)
+    res = realize(problem, tmp_path / "run", tmp_path / "cache")
+    assert res.returncode == 0, res.stderr
+    (entry,) = [e for e in json.loads(res.stdout) if e["family"] == "horizontal_gemm"]
+    assert entry["status"] == "compiled", entry
+    assert entry["config"]["tile_scheduler"] == "group", entry["config"]
+    source = (tmp_path / "run" / "src" / f"{entry['kernel']}.cu").read_text()
+    assert "GroupProblemShape" in source and "kHasBias = true" in source
+    lib = KernelLibrary(tmp_path / "run" / entry["library"])
+    assert lib.family == "gemm" and lib.info["family"] == "horizontal_gemm"
+
+    def args(n_parts: int = 3, **override) -> FactGemmArgs:
+        a = FactGemmArgs(m=64, n=384, k=256, batch=1, a=0x10000, lda=256)
+        a.n_parts = n_parts
+        for i, (n, bias) in enumerate([(256, 0x70000), (64, 0), (64, 0x80000)][:n_parts]):
+            part = a.parts[i]
+            part.n, part.b, part.ldb = n, 0x20000 * (i + 1), 256
+            part.d, part.ldd = 0x100000 * (i + 1), n
+            part.bias = bias or None
+        for key, value in override.items():
+            setattr(a, key, value)
+        return a
+
+    assert lib.can_implement(args()) == Status.OK, lib.last_error()
+    assert lib.workspace_size(args()) > 0  # the parts' arrays and biases live there
+    assert lib.can_implement(args(n_parts=0)) == Status.INVALID_ARGS
+    assert "parts" in lib.last_error()
+    assert lib.can_implement(args(n=300)) == Status.INVALID_ARGS
+    assert "sum of the parts" in lib.last_error()
+    assert lib.can_implement(args(batch=2)) == Status.NOT_SUPPORTED
+    misaligned = args()
+    misaligned.parts[1].b = 0x40004
+    assert lib.can_implement(misaligned) == Status.NOT_SUPPORTED
+    assert "part's B" in lib.last_error()
+
+
 def _norm_problem(tmp_path, cols: int):
     problem = tmp_path / f"norm{cols}.py"
     problem.write_text(

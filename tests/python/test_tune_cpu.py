@@ -43,7 +43,7 @@ from fact.tune.harness import (
     tune,
     verify,
 )
-from fact.tune.inputs import gemm_args, make_inputs, verification_shapes
+from fact.tune.inputs import gemm_args, make_inputs, split_parts, verification_shapes
 from fact.tune.reference import (
     FUNCTIONS,
     NotSupportedError,
@@ -403,7 +403,9 @@ def _declared_fields(header: str, name: str) -> list[str]:
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S).split("{", 1)[1]
     declared = []
     for decl in filter(None, (d.strip() for d in body.split(";"))):
-        names = re.sub(r"^(const\s+)?(int64_t|int32_t|int|void|float|double)\s*\*?", "", decl)
+        names = re.sub(
+            r"^(const\s+)?(int64_t|int32_t|int|void|float|double|FactGemmPart)\s*\*?", "", decl
+        )
         declared += [re.sub(r"\[.*\]", "", n).strip() for n in names.split(",")]
     return declared
 
@@ -413,11 +415,12 @@ def _declared_fields(header: str, name: str) -> list[str]:
     ("struct", "header"),
     [
         (FactGemmArgs, "fact_gemm_abi.h"),
+        (abi.FactGemmPart, "fact_gemm_abi.h"),
         (abi.FactNormArgs, "fact_norm_abi.h"),
         (FactAttentionArgs, "fact_attention_abi.h"),
         (abi.FactPointwiseArgs, "fact_pointwise_abi.h"),
     ],
-    ids=["gemm", "norm", "attention", "pointwise"],
+    ids=["gemm", "gemm_part", "norm", "attention", "pointwise"],
 )
 def test_args_layout_matches_header(tmp_path, struct, header):
     extra = ""
@@ -425,7 +428,8 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         extra = """
   printf("\\"sizeof_operands\\": %zu,\\n", sizeof(((FactGemmArgs*)0)->operands));
   printf("\\"max_operands\\": %d,\\n", FACT_MAX_EPILOGUE_OPERANDS);
-  printf("\\"version\\": %d,\\n", FACT_ABI_VERSION);"""
+  printf("\\"version\\": %d,\\n", FACT_ABI_VERSION);
+  printf("\\"max_parts\\": %d,\\n", FACT_MAX_GEMM_PARTS);"""
     if struct is abi.FactPointwiseArgs:
         extra = """
   printf("\\"max_rank\\": %d,\\n", FACT_POINTWISE_MAX_RANK);
@@ -441,7 +445,8 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         ptr = ctypes.sizeof(ctypes.c_void_p)
         assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
         assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
-        assert c["version"] == abi.FACT_ABI_VERSION == 2
+        assert c["version"] == abi.FACT_ABI_VERSION == 3
+        assert c["max_parts"] == abi.FACT_MAX_GEMM_PARTS == 8
     if struct is abi.FactPointwiseArgs:
         assert c["max_rank"] == abi.FACT_POINTWISE_MAX_RANK == 8
         assert c["max_inputs"] == abi.FACT_POINTWISE_MAX_INPUTS == 16
@@ -467,7 +472,7 @@ int main(void) {
 def test_kernel_library_end_to_end(fake_kernels):
     info = {"family": "gemm", "config": {"name": "t128x128x64"}}
     lib = KernelLibrary(fake_kernels("recorder", mode="record", info=info))
-    assert lib.abi_version == abi.FACT_ABI_VERSION == 2
+    assert lib.abi_version == abi.FACT_ABI_VERSION == 3
     assert lib.name == "recorder"
     assert lib.info == info
     args = FactGemmArgs()
@@ -513,7 +518,7 @@ def test_kernel_library_end_to_end(fake_kernels):
 
 def test_kernel_library_refuses_other_abi_version(fake_kernels):
     path = fake_kernels("version1", FAKE_VERSION=1)
-    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 2"):
+    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 3"):
         KernelLibrary(path)
 
 
@@ -944,6 +949,22 @@ def test_horizontal_gemm():
     assert [p.shape[-1] for p in parts] == [32, 8, 8]  # one matmul per part, as the model runs
     ref = reference(pattern, inputs.A, inputs.B, inputs.operands)
     torch.testing.assert_close(as_output(parts).double(), ref, rtol=1e-5, atol=1e-5)
+    # The grouped kernel gets each part's column block of B, D and the bias row, in place.
+    args = gemm_args(inputs)
+    assert args.n_parts == 3 and args.n == 48
+    starts = [0, 32, 40]
+    for i, (part, start, n) in enumerate(zip(args.parts[:3], starts, [32, 8, 8], strict=True)):
+        assert part.n == n, i
+        assert part.b == inputs.B.data_ptr() + start * 32 * 4 and part.ldb == 32  # [n, k] rows
+        assert part.d == inputs.D.data_ptr() + start * 4 and part.ldd == 48
+        assert part.bias == inputs.operands[0].data_ptr() + start * 4
+    # Every verification shape keeps three parts, 16-byte aligned but the last.
+    shapes = verification_shapes(pattern)
+    assert shapes[0]["n_parts"] == [32, 8, 8]
+    for s in shapes[1:]:
+        assert len(s["n_parts"]) == 3 and sum(s["n_parts"]) == s["n"], s
+        assert all(n % 4 == 0 for n in s["n_parts"][:-1]), s
+    assert split_parts(8, 3, 4) is None  # too few columns for three aligned parts
 
 
 def test_unsupported_patterns_are_refused():

@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 2: what every generated GEMM-family kernel library exports.
+/* FACT kernel C ABI, version 3: what every generated GEMM-family kernel library exports.
  *
  * A generated .so is loaded with dlopen and driven through these symbols; no libtorch, no C++
  * types cross the boundary. Sizes and leading dimensions are in elements. Status codes:
@@ -14,8 +14,9 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 2
+#define FACT_ABI_VERSION 3
 #define FACT_MAX_EPILOGUE_OPERANDS 8
+#define FACT_MAX_GEMM_PARTS 8
 
 enum FactStatus {
   FACT_OK = 0,
@@ -24,6 +25,18 @@ enum FactStatus {
   FACT_CUDA_ERROR = 3,    /* a CUDA call failed; the message says which */
   FACT_WORKSPACE_TOO_SMALL = 4,
 };
+
+/* One part of a horizontally fused GEMM: D_p[m, n] = A[m, k] @ B_p[k, n] (+ bias_p[n]). B_p in
+ * the kernel's B layout with its own ld; D_p row layout with its own ld; bias_p null for a part
+ * without one (a kernel whose epilogue adds none ignores it). */
+typedef struct FactGemmPart {
+  int64_t n;
+  const void* b;
+  int64_t ldb;
+  void* d;
+  int64_t ldd;
+  const void* bias;
+} FactGemmPart;
 
 /* D[l, m, n] = epilogue(sum_k A[l, m, k] * B[l, k, n], operands...) */
 typedef struct FactGemmArgs {
@@ -36,8 +49,7 @@ typedef struct FactGemmArgs {
   int64_t ldd, batch_stride_d;
   /* Epilogue operands in the plan's order: row vectors [n], column vectors [m], scalars
    * (device pointer to one element) and full tensors [m, n] (row layout, ld in operand_ld).
-   * A horizontally fused GEMM takes one row vector: the parts' biases concatenated along n
-   * (zeros for a part without one). */
+   * A horizontally fused GEMM takes its biases in `parts` instead. */
   const void* operands[FACT_MAX_EPILOGUE_OPERANDS];
   int64_t operand_ld[FACT_MAX_EPILOGUE_OPERANDS];
   int64_t operand_batch_stride[FACT_MAX_EPILOGUE_OPERANDS];
@@ -47,6 +59,11 @@ typedef struct FactGemmArgs {
    * (one after another, in K order: the same bits every run), 1 nondeterministic (atomic adds in
    * whatever order they arrive: faster with many peers, the last bits may differ between runs). */
   int raster, max_swizzle, splits, sm_count, reduction;
+  /* Horizontally fused (grouped) kernels only: one GEMM per part over the shared A (m, k, a,
+   * lda as above; batch 1; n is the parts' sum; b, ldb, d, ldd unused). 0 for every other
+   * kernel, which refuses parts. */
+  int n_parts;
+  FactGemmPart parts[FACT_MAX_GEMM_PARTS];
 } FactGemmArgs;
 
 int fact_abi_version(void);

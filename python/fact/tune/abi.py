@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 2 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 3 (engine/realize/abi/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -21,8 +21,9 @@ from typing import Any
 
 from fact.errors import FactError
 
-FACT_ABI_VERSION = 2
+FACT_ABI_VERSION = 3
 FACT_MAX_EPILOGUE_OPERANDS = 8
+FACT_MAX_GEMM_PARTS = 8
 FACT_POINTWISE_MAX_RANK = 8
 FACT_POINTWISE_MAX_INPUTS = 16
 
@@ -60,6 +61,20 @@ def nondeterministic(knobs: dict[str, Any]) -> bool:
     return knobs.get("reduction") in ("nondeterministic", REDUCTION["nondeterministic"])
 
 
+class FactGemmPart(ctypes.Structure):
+    """typedef struct FactGemmPart: one part of a horizontally fused GEMM,
+    D_p[m, n] = A[m, k] @ B_p[k, n] (+ bias_p[n])."""
+
+    _fields_ = [
+        ("n", _I64),
+        ("b", _PTR),
+        ("ldb", _I64),
+        ("d", _PTR),
+        ("ldd", _I64),
+        ("bias", _PTR),
+    ]
+
+
 class FactGemmArgs(ctypes.Structure):
     """typedef struct FactGemmArgs: D[l, m, n] = epilogue(sum_k A[l, m, k] * B[l, k, n], ...).
 
@@ -88,6 +103,8 @@ class FactGemmArgs(ctypes.Structure):
         ("splits", ctypes.c_int),
         ("sm_count", ctypes.c_int),
         ("reduction", ctypes.c_int),
+        ("n_parts", ctypes.c_int),
+        ("parts", FactGemmPart * FACT_MAX_GEMM_PARTS),
     ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,7 +112,9 @@ class FactGemmArgs(ctypes.Structure):
         out: dict[str, Any] = {}
         for name, _ in self._fields_:
             value = getattr(self, name)
-            if isinstance(value, ctypes.Array):
+            if isinstance(value, ctypes.Array) and name == "parts":
+                value = [{f: getattr(p, f) or 0 for f, _ in FactGemmPart._fields_} for p in value]
+            elif isinstance(value, ctypes.Array):
                 value = [v or 0 for v in value]
             elif value is None:
                 value = 0

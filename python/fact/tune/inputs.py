@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from fact.errors import FactError
-from fact.tune.abi import FACT_MAX_EPILOGUE_OPERANDS, RASTER, REDUCTION, FactGemmArgs
+from fact.tune.abi import (
+    FACT_MAX_EPILOGUE_OPERANDS,
+    FACT_MAX_GEMM_PARTS,
+    RASTER,
+    REDUCTION,
+    FactGemmArgs,
+)
 from fact.tune.reference import (
     GemmSpec,
     NotSupportedError,
@@ -205,7 +211,7 @@ def _knob(knobs: Mapping[str, Any], key: str, default: int) -> int:
     return int(value)
 
 
-def _ld(t: torch.Tensor, layout: str, name: str) -> int:
+def leading_dim(t: torch.Tensor, layout: str, name: str) -> int:
     """Leading dimension of a [.., rows, cols] view: row-major needs unit column stride,
     column-major unit row stride."""
     if layout == "row":
@@ -238,29 +244,81 @@ def gemm_args(
     args = FactGemmArgs()
     args.m, args.n, args.k, args.batch = m, n, k, p["batch"]
     args.a = inputs.A.data_ptr()
-    args.lda = _ld(inputs.A, inputs.spec.layout_a, "A")
+    args.lda = leading_dim(inputs.A, inputs.spec.layout_a, "A")
     args.batch_stride_a = _batch_stride(inputs.A, m * k)
     args.b = inputs.B.data_ptr()
-    args.ldb = _ld(inputs.B, inputs.spec.layout_b, "B")
+    args.ldb = leading_dim(inputs.B, inputs.spec.layout_b, "B")
     args.batch_stride_b = _batch_stride(inputs.B, k * n)
     args.d = inputs.D.data_ptr()
-    args.ldd = _ld(inputs.D, "row", "D")
+    args.ldd = leading_dim(inputs.D, "row", "D")
     args.batch_stride_d = _batch_stride(inputs.D, m * n)
     for i, (t, o) in enumerate(zip(inputs.operands, inputs.spec.operands, strict=True)):
         args.operands[i] = t.data_ptr()
         if o.kind == "full":
-            args.operand_ld[i] = _ld(t, "row", f"operand {i}")
+            args.operand_ld[i] = leading_dim(t, "row", f"operand {i}")
             args.operand_batch_stride[i] = t.stride(0) if t.dim() == 3 else 0
         else:
             # a [batch, len] vector steps by its length per batch entry; a shared one stays put
             args.operand_ld[i] = 0
             args.operand_batch_stride[i] = t.stride(0) if t.dim() == 2 else 0
+    if inputs.spec.family == "horizontal_gemm" and p.get("n_parts"):
+        # The parts are the column blocks of B, D and the bias row: one GEMM each.
+        parts, start = [], 0
+        bias = inputs.operands[0] if inputs.operands else None
+        for width in p["n_parts"]:
+            cols = slice(start, start + width)
+            part_bias = bias[..., cols] if bias is not None else None
+            parts.append((inputs.B[..., cols], inputs.D[..., cols], part_bias))
+            start += width
+        set_parts(args, parts, inputs.spec.layout_b)
+    set_knobs(args, knobs, sm_count)
+    return args
+
+
+def set_knobs(args: FactGemmArgs, knobs: Mapping[str, Any], sm_count: int = 0) -> None:
+    """The launch knobs (LaunchKnobs JSON, see gemm_args; missing ones take their defaults) and
+    the SM count (0: the kernel asks the device) into `args`."""
     args.raster = _knob(knobs, "raster", 0)
     args.max_swizzle = _knob(knobs, "max_swizzle", 1)
     args.splits = _knob(knobs, "splits", 1)
     args.reduction = _knob(knobs, "reduction", 0)
     args.sm_count = int(sm_count)
-    return args
+
+
+def set_parts(
+    args: FactGemmArgs,
+    parts: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+    layout_b: str,
+) -> None:
+    """The parts of a horizontally fused GEMM into `args`: each (B_p [k, n_p] in layout_b, D_p
+    [m, n_p] row-major, bias_p [n_p] contiguous or None). `args` keeps m, k, A; n becomes the
+    parts' sum."""
+    if not 0 < len(parts) <= FACT_MAX_GEMM_PARTS:
+        raise FactError(f"a horizontal GEMM has 1 to {FACT_MAX_GEMM_PARTS} parts, got {len(parts)}")
+    args.n_parts = len(parts)
+    args.n = 0
+    for i, (b, d, bias) in enumerate(parts):
+        if b.shape[-1] != d.shape[-1] or (bias is not None and bias.shape[-1] != d.shape[-1]):
+            raise FactError(
+                f"part {i}: B {tuple(b.shape)}, D {tuple(d.shape)} and bias "
+                f"{None if bias is None else tuple(bias.shape)} disagree on n"
+            )
+        if bias is not None and bias.stride(-1) != 1 and bias.shape[-1] > 1:
+            raise FactError(f"part {i}: the bias is not contiguous (strides {bias.stride()})")
+        part = args.parts[i]
+        part.n = d.shape[-1]
+        part.b, part.ldb = b.data_ptr(), leading_dim(b, layout_b, f"part {i} B")
+        part.d, part.ldd = d.data_ptr(), leading_dim(d, "row", f"part {i} D")
+        part.bias = bias.data_ptr() if bias is not None else None
+        args.n += part.n
+
+
+def split_parts(n: int, count: int, align: int) -> list[int] | None:
+    """n columns as `count` parts, each a multiple of `align` but the last (None when too few)."""
+    base = n // count // align * align
+    if count < 1 or base < 1:
+        return None
+    return [base] * (count - 1) + [n - base * (count - 1)]
 
 
 def verification_shapes(
@@ -286,6 +344,12 @@ def verification_shapes(
         {"batch": batch, "m": up(1000), "n": up(776), "k": up(200)},
         {"batch": batch, "m": up(24), "n": up(40), "k": up(72)},
     ]
+    if main.get("n_parts"):  # a horizontal GEMM: as many parts at every shape
+        shapes[0]["n_parts"] = list(main["n_parts"])
+        for s in shapes[1:]:
+            parts = split_parts(s["n"], len(main["n_parts"]), align)
+            if parts:
+                s["n_parts"] = parts
     unique: list[dict[str, Any]] = []
     for s in shapes:
         if s not in unique:
