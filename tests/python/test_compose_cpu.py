@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import operator
 import os
 import subprocess
 import sys
@@ -35,12 +36,14 @@ from fact.compose import report as report_mod
 from fact.compose.impls import (
     AttentionImpl,
     GemmImpl,
+    HorizontalGemmImpl,
     Impl,
     RmsNormLibrary,
     library_impls,
+    run_gemm_parts_pattern,
     run_gemm_pattern,
 )
-from fact.compose.ops import AttentionKernel, GemmKernel, kernel_entry, register_kernel
+from fact.compose.ops import BODIES, AttentionKernel, GemmKernel, kernel_entry, register_kernel
 from fact.compose.optimize import (
     OptimizedModule,
     Progress,
@@ -49,7 +52,7 @@ from fact.compose.optimize import (
     tolerances,
     verify_end_to_end,
 )
-from fact.compose.program import Program, region, replace
+from fact.compose.program import Program, pattern_outputs, region, replace, subgraph
 from fact.errors import FactError
 from fact.tune.reference import NotSupportedError, gemm_spec
 from helpers import EXAMPLES, REPO
@@ -222,6 +225,21 @@ class TwoLayerMLP(nn.Module):
 
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(x))) + x
+
+
+class QkvProjections(nn.Module):
+    """Three linear layers on one input, as attention's q/k/v projections (k without a bias):
+    one horizontal_gemm pattern whose three parts are each read by the rest of the module."""
+
+    def __init__(self, d: int = 64):
+        super().__init__()
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d // 2, bias=False)
+        self.v = nn.Linear(d, d // 2)
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return q + torch.cat([k, v], dim=-1)
 
 
 class Counter(nn.Module):
@@ -727,6 +745,71 @@ def test_region_and_replace_with_aliases():
     gm = program.module(graph)
     out = program.unflatten(list(gm(*program.inputs([x]))))
     assert rel_err(out, eager(model, x)) < 1e-6
+
+
+QKV_PARTS = ["linear", "linear_1", "linear_2"]
+QKV_PATTERN = {"family": "horizontal_gemm", "nodes": QKV_PARTS, "anchors": QKV_PARTS,
+               "output": "linear", "attrs": {"parts": QKV_PARTS}, "signature": "qkv"}  # fmt: skip
+
+
+def _qkv_linears(x, wq, bq, wk, wv, bv):
+    return F.linear(x, wq, bq), F.linear(x, wk), F.linear(x, wv, bv)
+
+
+def test_region_subgraph_and_replace_with_several_outputs():
+    torch.manual_seed(11)
+    model, x = QkvProjections().eval(), torch.randn(2, 8, 64)
+    program = Program(model, torch.export.export(model, (x,), strict=False))
+    graph = program.copy_graph()
+    assert [n.name for n in graph.nodes if n.op == "call_function"] == [*QKV_PARTS, "cat", "add"]
+    assert pattern_outputs(QKV_PATTERN) == QKV_PARTS
+    assert pattern_outputs({"family": "gemm", "nodes": QKV_PARTS, "output": "linear"}) == ["linear"]
+    # every part is read outside the pattern: allowed for outputs, not for inner nodes
+    reg = region(graph, QKV_PATTERN)
+    assert [n.name for n in reg.outputs] == QKV_PARTS and reg.output is reg.outputs[0]
+    assert [n.name for n in reg.inputs] == [
+        "x", "p_q_weight", "p_q_bias", "p_k_weight", "p_v_weight", "p_v_bias"]  # fmt: skip
+    with pytest.raises(FactError, match=r"nodes \['linear_1', 'linear_2'\] are also read outside"):
+        region(graph, {"nodes": QKV_PARTS, "output": "linear"})
+    with pytest.raises(FactError, match="pattern output 'cat' is not one of its nodes"):
+        region(graph, dict(QKV_PATTERN, attrs={"parts": ["linear", "cat"]}))
+
+    # the standalone subgraph returns every part
+    values = program.capture(program.inputs([x]))
+    sub, names, _ = subgraph(graph, QKV_PATTERN)
+    got = program.module(sub)(*[values[n] for n in names])
+    assert isinstance(got, tuple) and len(got) == 3
+    assert all(torch.equal(g, values[name]) for g, name in zip(got, QKV_PARTS, strict=True))
+
+    aliases: dict = {}
+
+    def emit(g, r, pattern):
+        return g.call_function(_qkv_linears, tuple(r.inputs))
+
+    new = replace(graph, QKV_PATTERN, emit, aliases)
+    items = [aliases[name] for name in QKV_PARTS]  # each old part's name -> its getitem
+    assert [(i.target, i.args) for i in items] == [(operator.getitem, (new, j)) for j in range(3)]
+    assert [tuple(i.meta["val"].shape) for i in items] == [(2, 8, 64), (2, 8, 32), (2, 8, 32)]
+    assert [tuple(v.shape) for v in new.meta["val"]] == [(2, 8, 64), (2, 8, 32), (2, 8, 32)]
+    assert aten.linear.default not in {n.target for n in graph.nodes}
+    graph.lint()
+    cat = next(n for n in graph.nodes if n.name == "cat")
+    assert cat.args[0] == [items[1], items[2]]
+    # a later pattern that reads a part finds its getitem through the alias
+    assert region(graph, {"nodes": ["cat"], "output": "cat"}, aliases).input("linear_2") is items[2]
+    out = program.unflatten(list(program.module(graph)(*program.inputs([x]))))
+    assert torch.equal(out, eager(model, x))
+
+
+def test_replace_with_several_outputs_refuses_an_input_computed_between_them():
+    def late(x, w1, w2):
+        return F.linear(x, w1), F.linear(x * 2, w2)
+
+    graph = fx.symbolic_trace(late).graph
+    pattern = {"family": "horizontal_gemm", "nodes": ["linear", "linear_1"],
+               "attrs": {"parts": ["linear", "linear_1"]}, "signature": "late"}  # fmt: skip
+    with pytest.raises(FactError, match=r"reads \['mul'\], computed after its first output linear"):
+        replace(graph, pattern, lambda g, r, p: g.call_function(_qkv_linears, ()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1790,3 +1873,259 @@ def test_device_guard_switches_only_to_another_gpu(monkeypatch):
         assert isinstance(device_guard(same), contextlib.nullcontext), same
     guard = device_guard(torch.device("cuda:1"))
     assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. Horizontal GEMMs: fact::gemm_parts and HorizontalGemmImpl (reference backend on CPU)
+
+PARTS_OP = torch.ops.fact.gemm_parts.default
+
+HORIZONTAL = {
+    "family": "horizontal_gemm",
+    "rule": "horizontal_gemm",
+    "anchors": ["q", "k", "v"],
+    "nodes": ["q", "k", "v"],
+    "output": "q",
+    "problem": {"batch": 1, "m": 16, "n": 128, "k": 64, "n_parts": [64, 32, 32]},
+    "attrs": {
+        "dtype_a": "f32",
+        "dtype_b": "f32",
+        "dtype_out": "f32",
+        "layout_a": "row",
+        "layout_b": "col",
+        "parts": ["q", "k", "v"],
+    },
+    "operands": [
+        {"node": "x", "role": "a", "type": "f32[16, 64]"},
+        {"node": "wq", "role": "b", "type": "f32[64, 64]"},
+        {"node": "bq", "role": "bias", "broadcast": "row", "type": "f32[64]"},
+        {"node": "wk", "role": "b", "type": "f32[32, 64]"},
+        {"node": "wv", "role": "b", "type": "f32[32, 64]"},
+        {"node": "bv", "role": "bias", "broadcast": "row", "type": "f32[32]"},
+    ],
+    "epilogue": ["bias"],
+    "signature": "horizontal_gemm[bias]:f32,f32->f32:row,col",
+}
+HORIZONTAL_NO_BIAS = dict(
+    HORIZONTAL,
+    operands=[o for o in HORIZONTAL["operands"] if o["role"] != "bias"],
+    epilogue=[],
+    signature="horizontal_gemm:f32,f32->f32:row,col",
+)
+
+
+def qkv_tensors(seed: int = 31):
+    """a [16, 64], the three Linear weights [n_p, 64] and biases (k has none)."""
+    torch.manual_seed(seed)
+    a = torch.randn(16, 64)
+    weights = [torch.randn(64, 64), torch.randn(32, 64), torch.randn(32, 64)]
+    return a, weights, [torch.randn(64), None, torch.randn(32)]
+
+
+def test_fact_gemm_parts_reference_op_fake_and_opcheck():
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    handle = register_kernel(GemmKernel(gemm_spec(HORIZONTAL), "reference", label="qkv"))
+    a, weights, biases = qkv_tensors()
+    outs = torch.ops.fact.gemm_parts(a, weights, biases, handle)
+    assert [tuple(o.shape) for o in outs] == [(16, 64), (16, 32), (16, 32)]
+    for out, w, b in zip(outs, weights, biases, strict=True):
+        torch.testing.assert_close(out, F.linear(a, w, b), rtol=1e-5, atol=1e-5)
+    direct = BODIES[PARTS_OP](a, weights, biases, handle)  # what a composed module calls
+    assert all(torch.equal(d, o) for d, o in zip(direct, outs, strict=True))
+
+    half_out = dict(HORIZONTAL, attrs=dict(HORIZONTAL["attrs"], dtype_out="bf16"))
+    handle_bf16 = register_kernel(GemmKernel(gemm_spec(half_out), "reference"))
+    assert {o.dtype for o in PARTS_OP(a, weights, biases, handle_bf16)} == {torch.bfloat16}
+    with FakeTensorMode() as mode:
+        fa = mode.from_tensor(a)
+        fw = [mode.from_tensor(w) for w in weights]
+        fb = [mode.from_tensor(b) if b is not None else None for b in biases]
+        fakes = PARTS_OP(fa, fw, fb, handle)
+        fakes_bf16 = PARTS_OP(fa, fw, fb, handle_bf16)
+    assert all(isinstance(f, FakeTensor) for f in fakes)
+    assert [tuple(f.shape) for f in fakes] == [(16, 64), (16, 32), (16, 32)]
+    assert {f.dtype for f in fakes} == {torch.float32}
+    assert {f.dtype for f in fakes_bf16} == {torch.bfloat16}
+    result = torch.library.opcheck(PARTS_OP, (a, weights, biases, handle))
+    assert set(result.values()) == {"SUCCESS"}, result
+
+    with pytest.raises(FactError, match=r"fact::gemm_parts qkv: a must be \[m, k\] with one bias"):
+        PARTS_OP(a, weights, biases[:2], handle)
+    with pytest.raises(FactError, match=r"weight 1 is \(32, 48\), not \[n, 64\]"):
+        PARTS_OP(a, [weights[0], torch.randn(32, 48), weights[2]], biases, handle)
+    with pytest.raises(FactError, match=r"bias 2 is \(64,\), not \[32\]"):
+        PARTS_OP(a, weights, [biases[0], None, torch.randn(64)], handle)
+    no_bias = register_kernel(GemmKernel(gemm_spec(HORIZONTAL_NO_BIAS), "reference", label="nb"))
+    with pytest.raises(FactError, match="fact::gemm_parts nb: the kernel adds no bias"):
+        PARTS_OP(a, weights, biases, no_bias)
+    outs = PARTS_OP(a, weights, [None] * 3, no_bias)
+    torch.testing.assert_close(outs[2], a @ weights[2].t())
+    gemm_handle = register_kernel(GemmKernel(gemm_spec(BIAS_RELU), "reference", label="g"))
+    with pytest.raises(FactError, match="fact::gemm_parts g: a gemm kernel has no parts"):
+        PARTS_OP(a, weights, biases, gemm_handle)
+    attention = register_kernel(AttentionKernel(True, 0.3, torch.float32, "reference"))
+    with pytest.raises(FactError, match="is not a GEMM kernel"):
+        PARTS_OP(a, weights, biases, attention)
+
+
+class StubGemmLibrary:
+    """Stands in for a loaded GEMM-family kernel library (no .so, no GPU): what
+    HorizontalGemmImpl and fact::gemm_parts read of one, can_implement answering `status`."""
+
+    family = "gemm"  # the entry points it exports
+
+    def __init__(self, name="hgemm_stub", status=0, family="horizontal_gemm"):
+        self.path = Path(f"/nonexistent/{name}.so")
+        self.name = name
+        self.info = {"family": family, "config": {"name": name}}
+        self.status = status
+        self.ran = []
+
+    def can_implement(self, args):
+        return self.status
+
+    def workspace_size(self, args):
+        return 0
+
+    def run(self, args, workspace, nbytes, stream):
+        self.ran.append(args)
+        return 0
+
+    def check(self, status):
+        assert status == 0
+
+    def last_error(self):
+        return "every part's n must be a multiple of 8"
+
+
+def test_fact_gemm_parts_cutlass_reads_the_weights_in_place(monkeypatch):
+    """The generated-kernel path without a GPU: the packed arguments point at the Linear
+    weights themselves (W_p^T read column-major, no concatenated copy), each part's own output
+    and bias; a wrong device and the kernel's refusal are FactErrors naming the kernel."""
+    import fact.compose.ops as ops_mod
+    from fact.tune.abi import RASTER
+
+    lib = StubGemmLibrary()
+    knobs = {"raster": "along_n", "max_swizzle": 4, "splits": 1}
+    handle = register_kernel(GemmKernel(gemm_spec(HORIZONTAL), "cutlass", lib, knobs, "hgemm_a"))
+    a, weights, biases = qkv_tensors()
+    with pytest.raises(FactError, match=r"fact::gemm_parts hgemm_a: A is torch.float32 on cpu, "
+                       r"the kernel reads torch.float32 on CUDA"):  # fmt: skip
+        PARTS_OP(a, weights, biases, handle)
+    monkeypatch.setattr(ops_mod, "_check_dtypes", lambda label, pairs: None)
+    monkeypatch.setattr(ops_mod, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(ops_mod, "_launch", lambda run, args, n, device: run(args, None, n, None))
+    outs = BODIES[PARTS_OP](a, weights, biases, handle)
+    (args,) = lib.ran
+    assert (args.m, args.n, args.k, args.batch, args.n_parts) == (16, 128, 64, 1, 3)
+    assert (args.a, args.lda) == (a.data_ptr(), 64)
+    for part, w, out, bias in zip(args.parts[:3], weights, outs, biases, strict=True):
+        assert (part.n, part.b, part.ldb) == (w.shape[0], w.data_ptr(), 64)  # the weight itself
+        assert (part.d, part.ldd) == (out.data_ptr(), w.shape[0])
+        assert (part.bias or 0) == (bias.data_ptr() if bias is not None else 0)
+    assert (args.raster, args.max_swizzle, args.splits, args.sm_count) == (
+        RASTER["along_n"], 4, 1, 132)  # fmt: skip
+    # a weight the kernel cannot read in place is refused, not copied behind the caller's back
+    strided = weights[1].t().contiguous().t()
+    with pytest.raises(FactError, match="fact::gemm_parts hgemm_a: part 1 B is not column-major"):
+        BODIES[PARTS_OP](a, [weights[0], strided, weights[2]], biases, handle)
+
+    refusing = StubGemmLibrary("hgemm_b", status=1)  # FACT_NOT_SUPPORTED
+    handle_b = register_kernel(GemmKernel(gemm_spec(HORIZONTAL), "cutlass", refusing, {}, "b"))
+    with pytest.raises(FactError, match=r"fact::gemm_parts b: the kernel cannot run "
+                       r"\(16, 64\) against weights \(64, 64\), \(32, 64\), \(32, 64\): every "
+                       r"part's n must be"):  # fmt: skip
+        PARTS_OP(a, weights, biases, handle_b)
+    assert not refusing.ran
+
+
+def test_horizontal_gemm_impl_refusals_and_generated_impl(monkeypatch, tmp_path):
+    import fact.tune.abi as abi_mod
+    from fact.compose.optimize import _no_impl_reason, generated_impl
+
+    with pytest.raises(NotSupportedError, match="GemmImpl runs gemm, not horizontal_gemm"):
+        GemmImpl(HORIZONTAL, "reference")
+    with pytest.raises(NotSupportedError, match="HorizontalGemmImpl runs horizontal_gemm, not g"):
+        HorizontalGemmImpl(BIAS_RELU, "reference")
+    with pytest.raises(NotSupportedError, match=r"epilogue \['bias', 'relu'\]"):
+        HorizontalGemmImpl(dict(HORIZONTAL, epilogue=["bias", "relu"]), "reference")
+
+    libs = {"h.so": StubGemmLibrary("hgemm_good"), "g.so": StubGemmLibrary("gemm_x", family="gemm")}
+    monkeypatch.setattr(abi_mod, "KernelLibrary", lambda path: libs[Path(path).name])
+    impl = generated_impl(HORIZONTAL, str(tmp_path / "h.so"), {"splits": 1})
+    assert isinstance(impl, HorizontalGemmImpl)
+    assert (impl.name, impl.kind, impl.library_path) == (
+        "cutlass:hgemm_good", "generated", str(tmp_path / "h.so"))  # fmt: skip
+    entry = kernel_entry(impl.handle)
+    assert (entry.backend, entry.spec.problem["n_parts"], entry.knobs) == (
+        "cutlass", [64, 32, 32], {"splits": 1})  # fmt: skip
+    with pytest.raises(NotSupportedError, match="gemm_x is a gemm kernel; the pattern is horiz"):
+        generated_impl(HORIZONTAL, str(tmp_path / "g.so"), {})
+    with pytest.raises(NotSupportedError, match="hgemm_good is a horizontal_gemm kernel"):
+        generated_impl(BIAS_RELU, str(tmp_path / "h.so"), {})
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert _no_impl_reason(HORIZONTAL, cpu).startswith("no GPU")
+    assert _no_impl_reason(HORIZONTAL, gpu) == "no usable generated kernel"
+
+
+def horizontal_twins(index: int, pattern: dict) -> list[Impl]:
+    """The reference twin of a grouped kernel for horizontal GEMM patterns, and of a generated
+    kernel for the other GEMM patterns."""
+    if pattern["family"] == "horizontal_gemm":
+        return [HorizontalGemmImpl(pattern, "reference", label="parts")]
+    return reference_twins(index, pattern)
+
+
+def test_horizontal_gemm_runs_as_one_fact_gemm_parts_call(engine_available, tmp_path):
+    """q/k/v projections (one without a bias) as one fact::gemm_parts call writing the three
+    outputs, reading the live parameters: an in-place update is seen as eager sees it."""
+    torch.manual_seed(32)
+    model, x = QkvProjections().eval(), torch.randn(2, 8, 64)
+    opt = fact.optimize(model, [x], implementations=horizontal_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    (h,) = [p for p in plan["patterns"] if p["family"] == "horizontal_gemm"]
+    assert h["attrs"]["parts"] == QKV_PARTS and h["problem"]["n_parts"] == [64, 32, 32]
+    assert [o["role"] for o in h["operands"]] == ["a", "b", "bias", "b", "b", "bias"]
+    (p,) = by_family(opt.report, "horizontal_gemm")
+    assert (p["chosen"], p["kind"]) == ("reference:parts", "generated"), p
+    assert p["error"] <= 1e-6 and opt.report["verification"]["passed"]
+
+    gm = opt.graph_module
+    (node,) = calls(gm, run_gemm_parts_pattern)
+    assert aten.linear.default not in targets(gm)
+    a, weights, biases = node.args
+    assert a.name == "x" and [w.name for w in weights] == ["p_q_weight", "p_k_weight", "p_v_weight"]
+    assert [b.name if b is not None else None for b in biases] == ["p_q_bias", None, "p_v_bias"]
+    assert node.kwargs["out_shapes"] == [[2, 8, 64], [2, 8, 32], [2, 8, 32]]
+    assert sorted(u.args[1] for u in node.users if u.target is operator.getitem) == [0, 1, 2]
+
+    y = torch.randn_like(x)
+    with torch.no_grad(), _SeenOps() as mode:
+        out = opt(y)
+    assert [f for f in mode.ops if f.namespace == "fact"] == [PARTS_OP]  # one call, three parts
+    assert rel_err(out, eager(model, y)) < 1e-6
+    assert _dispatched_fact_ops(lambda: opt(y)) == []  # eagerly, the op's body is called
+
+    before = opt(y)
+    with torch.no_grad():  # the composed module shares the parameters: no concatenated copy
+        model.k.weight.add_(1)
+        model.v.bias.mul_(2)
+    after = opt(y)
+    assert (after - before).abs().max() > 1  # the update changed the result ...
+    assert rel_err(after, eager(model, y)) < 1e-6  # ... exactly as it changed eager's
+
+    traced = []
+
+    def backend(gm, example_inputs):
+        traced.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(opt, backend=backend)
+        assert torch.equal(compiled(y), after)
+        assert traced.count(PARTS_OP) == 1
+    finally:
+        torch._dynamo.reset()

@@ -2,6 +2,8 @@
 
   GemmImpl          a generated CUTLASS kernel (or its PyTorch reference twin, for CPU tests)
                     through fact::gemm; operands are viewed into the kernel's layouts here
+  HorizontalGemmImpl  linear layers on one input (q/k/v) as one grouped kernel (or its twin)
+                    through fact::gemm_parts, each part writing its own output
   AttentionImpl     a generated fused attention kernel (CUTLASS FMHA) or its reference twin,
                     through fact::attention, for hand-written attention and SDPA calls alike
   SdpaAttention     PyTorch's fused scaled_dot_product_attention, a library kernel, for
@@ -157,15 +159,22 @@ def with_math(detail: dict[str, Any], backend: str, library) -> dict[str, Any]:
 class GemmImpl(Impl):
     """A generated kernel (backend cutlass) or its PyTorch twin (backend reference)."""
 
+    family = "gemm"  # the plan family (and the kernel's fact_kernel_info family) it runs
+
     def __init__(
         self, pattern: Mapping[str, Any], backend: str, library=None, knobs=None, label=""
     ):
         spec: GemmSpec = gemm_spec(dict(pattern))
-        if spec.family != "gemm":
-            raise NotSupportedError(f"{spec.family} patterns are not composed yet")
+        if spec.family != self.family:
+            raise NotSupportedError(f"{type(self).__name__} runs {self.family}, not {spec.family}")
+        built = library.info.get("family", spec.family) if library is not None else spec.family
+        if backend == "cutlass" and built != spec.family:
+            raise NotSupportedError(
+                f"{label or library.name} is a {built} kernel; the pattern is {spec.family}"
+            )
         entry = GemmKernel(spec, backend, library, dict(knobs or {}), label)
         self.handle = register_kernel(entry)
-        name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or 'gemm'}"
+        name = f"cutlass:{label}" if backend == "cutlass" else f"reference:{label or self.family}"
         detail = {"backend": backend, "knobs": dict(knobs or {})}
         super().__init__(name, "generated", with_math(detail, backend, library))
 
@@ -182,6 +191,95 @@ class GemmImpl(Impl):
             (a, b, extra),
             {"kernel": self.handle, "form": gemm_form(reg, pattern), "out_shape": out_shape},
         )
+
+
+def run_gemm_parts_pattern(
+    a: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    *,
+    kernel: int,
+    out_shapes: list[list[int]],
+    direct: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """A horizontal GEMM pattern: view the shared input as the kernel's A [m, k], call
+    fact::gemm_parts with the Linear weights and biases as they are (in place), view each part's
+    result as its node. direct: call the op's body (see direct_calls)."""
+    spec = kernel_entry(kernel).spec
+    A = _as_layout(a.reshape(int(spec.problem["m"]), int(spec.problem["k"])), spec.layout_a)
+    # W_p^T in the kernel's B layout: the weight itself for a contiguous Linear weight
+    W = [_as_layout(w.t(), spec.layout_b).t() for w in weights]
+    op = BODIES[torch.ops.fact.gemm_parts.default] if direct else torch.ops.fact.gemm_parts.default
+    outs = op(A, W, biases, kernel)
+    return tuple(o.reshape(shape) for o, shape in zip(outs, out_shapes, strict=True))
+
+
+class HorizontalGemmImpl(GemmImpl):
+    """Several linear layers reading one input (q/k/v projections) as one generated grouped
+    GEMM (or its PyTorch twin) through fact::gemm_parts: A is read once per tile for all parts,
+    and each part writes its own output. The Linear weights are read where they are, never
+    concatenated, so the module keeps sharing the model's parameters."""
+
+    family = "horizontal_gemm"
+
+    def __init__(
+        self, pattern: Mapping[str, Any], backend: str, library=None, knobs=None, label=""
+    ):
+        steps = list(pattern.get("epilogue") or [])
+        if pattern.get("family") == self.family and steps not in ([], ["bias"]):
+            raise NotSupportedError(f"a horizontal GEMM with epilogue {steps}")
+        super().__init__(pattern, backend, library, knobs, label)
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        a, weights, biases = self.parts(reg, pattern)
+        entry = kernel_entry(self.handle)
+        for out in reg.outputs:
+            val = out.meta.get("val")
+            if isinstance(val, torch.Tensor) and val.dtype != entry.out_dtype:
+                raise NotSupportedError(
+                    f"part {out.name} is {val.dtype}, the kernel writes {entry.out_dtype}"
+                )
+        out_shapes = [list(out.meta["val"].shape) for out in reg.outputs]
+        return graph.call_function(
+            run_gemm_parts_pattern,
+            (a, weights, biases),
+            {"kernel": self.handle, "out_shapes": out_shapes},
+        )
+
+    @staticmethod
+    def parts(
+        reg: Region, pattern: Mapping[str, Any]
+    ) -> tuple[fx.Node, list[fx.Node], list[fx.Node | None]]:
+        """(a, weight per part, bias per part or None) as the region's inputs, after checking
+        that each part (region.outputs, in the plan's part order) is a linear layer on `a`
+        with the plan's weight and bias. The plan's operands are a, then per part its b and,
+        when it has one, its bias."""
+        sig = pattern.get("signature")
+        a = role_input(reg, pattern, "a")
+        weights: list[fx.Node] = []
+        biases: list[fx.Node | None] = []
+        for o in pattern.get("operands") or []:
+            role = o.get("role")
+            if role == "b":
+                weights.append(reg.input(o["node"]))
+                biases.append(None)
+            elif role == "bias" and weights and biases[-1] is None:
+                biases[-1] = reg.input(o["node"])
+            elif role != "a":
+                raise FactError(f"pattern {sig}: operand {o.get('node')} has role {role!r} here")
+        if len(weights) != len(reg.outputs):
+            raise FactError(f"pattern {sig}: {len(weights)} weights for {len(reg.outputs)} parts")
+        for node, w, bias in zip(reg.outputs, weights, biases, strict=True):
+            if node.target not in _LINEAR:
+                raise NotSupportedError(f"part {node.name} is {node.target}, not a linear layer")
+            got = (_arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias"))
+            if got != (a, w, bias):
+                names = [getattr(n, "name", n) for n in got]
+                raise FactError(
+                    f"pattern {sig}: part {node.name} reads {names}, the plan says "
+                    f"{[a.name, w.name, bias.name if bias is not None else None]}"
+                )
+        return a, weights, biases
 
 
 def run_cublaslt_pattern(
@@ -827,7 +925,7 @@ def library_impls(pattern: Mapping[str, Any], device: torch.device | None = None
 # Running a composed graph eagerly
 
 # Graph helpers that call a fact op inside; direct_calls passes them direct=True.
-_HELPERS = (run_gemm_pattern, run_norm_pattern)
+_HELPERS = (run_gemm_pattern, run_gemm_parts_pattern, run_norm_pattern)
 
 
 def direct_calls(gm: fx.GraphModule) -> fx.GraphModule:

@@ -1,5 +1,5 @@
-"""`fact::gemm`, `fact::norm`, `fact::attention` and `fact::pointwise`, the torch custom ops
-through which a composed module calls generated kernels.
+"""`fact::gemm`, `fact::gemm_parts`, `fact::norm`, `fact::attention` and `fact::pointwise`, the
+torch custom ops through which a composed module calls generated kernels.
 
 The op is registered with torch.library, so the composed module traces under torch.compile,
 export and fake tensors, and records into CUDA graphs: it allocates its output (and any
@@ -29,6 +29,7 @@ from fact.errors import FactError
 from fact.tune.abi import (
     FACT_POINTWISE_MAX_INPUTS,
     FACT_POINTWISE_MAX_RANK,
+    FactGemmArgs,
     FactNormArgs,
     FactPointwiseArgs,
     KernelLibrary,
@@ -37,7 +38,7 @@ from fact.tune.abi import (
     nondeterministic,
 )
 from fact.tune.harness import device_guard
-from fact.tune.inputs import GemmInputs, gemm_args
+from fact.tune.inputs import GemmInputs, gemm_args, leading_dim, set_knobs, set_parts
 from fact.tune.reference import GemmSpec, eval_pointwise, pytorch_candidate, torch_dtype
 
 BACKENDS = ("cutlass", "reference")
@@ -222,6 +223,110 @@ def _gemm_fake(a, b, operands, kernel):
     entry = kernel_entry(kernel)
     lead = (a.shape[0],) if a.dim() == 3 else ()
     return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=entry.out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Horizontal GEMMs: several linear layers reading one input, in one launch
+
+
+def _parts_checks(label: str, entry: GemmKernel, a, weights, biases) -> None:
+    """a [m, k]; weights[p] [n_p, k]; biases one per part, each [n_p] or None, and only where
+    the kernel adds biases (a kernel without the bias epilogue would drop them)."""
+    if entry.spec.family != "horizontal_gemm":
+        raise FactError(f"fact::gemm_parts {label}: a {entry.spec.family} kernel has no parts")
+    if a.dim() != 2 or not weights or len(biases) != len(weights):
+        raise FactError(
+            f"fact::gemm_parts {label}: a must be [m, k] with one bias (or None) per weight, got "
+            f"a {tuple(a.shape)}, {len(weights)} weights and {len(biases)} biases"
+        )
+    k = a.shape[1]
+    for p, (w, bias) in enumerate(zip(weights, biases, strict=True)):
+        if w.dim() != 2 or w.shape[1] != k:
+            raise FactError(
+                f"fact::gemm_parts {label}: weight {p} is {tuple(w.shape)}, not [n, {k}] for a "
+                f"{tuple(a.shape)}"
+            )
+        if bias is not None and tuple(bias.shape) != (w.shape[0],):
+            raise FactError(
+                f"fact::gemm_parts {label}: bias {p} is {tuple(bias.shape)}, not [{w.shape[0]}]"
+            )
+    if not entry.spec.operands and any(b is not None for b in biases):
+        raise FactError(f"fact::gemm_parts {label}: the kernel adds no bias, but biases were given")
+
+
+def _run_cutlass_parts(entry: GemmKernel, a, weights, biases, outs) -> None:
+    lib = entry.library
+    assert lib is not None
+    spec = entry.spec
+    label = entry.label or lib.name
+    bias_dtype = torch_dtype(spec.operands[0].dtype) if spec.operands else None
+    _check_dtypes(
+        f"fact::gemm_parts {label}",
+        [("A", a, torch_dtype(spec.dtype_a))]
+        + [(f"weight {p}", w, torch_dtype(spec.dtype_b)) for p, w in enumerate(weights)]
+        + [(f"bias {p}", b, bias_dtype) for p, b in enumerate(biases) if b is not None],
+    )
+    biases = [b.contiguous() if b is not None else None for b in biases]  # kept alive here
+    args = FactGemmArgs()
+    args.m, args.k, args.batch = a.shape[0], a.shape[1], 1
+    args.a, args.batch_stride_a = a.data_ptr(), a.shape[0] * a.shape[1]
+    # Each part reads its Linear weight in place: B_p [k, n_p] = W_p^T, column-major for a
+    # row-major weight; the kernel's layouts are checked, nothing is copied into them.
+    parts = [(w.t(), d, b) for w, d, b in zip(weights, outs, biases, strict=True)]
+    try:
+        args.lda = leading_dim(a, spec.layout_a, "A")
+        set_parts(args, parts, spec.layout_b)
+    except FactError as exc:
+        raise FactError(f"fact::gemm_parts {label}: {exc}") from None
+    set_knobs(args, launch_knobs(entry.knobs), _sm_count(a.device))
+    status = lib.can_implement(args)
+    if status != Status.OK:
+        shapes = ", ".join(str(tuple(w.shape)) for w in weights)
+        raise FactError(
+            f"fact::gemm_parts {label}: the kernel cannot run {tuple(a.shape)} against weights "
+            f"{shapes}: {lib.last_error()}"
+        )
+    lib.check(_launch(lib.run, args, lib.workspace_size(args), a.device))
+
+
+def _gemm_parts(
+    a: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    kernel: int,
+) -> list[torch.Tensor]:
+    """D_p = A @ W_p^T (+ bias_p) for every part p, by horizontal GEMM kernel `kernel` of the
+    table: several linear layers on one input in one launch, each writing its own output.
+
+    a [m, k] (row-major for a generated kernel); weights[p] [n_p, k], Linear weights read in
+    place (no concatenated copy, so an in-place update is seen by the next call); biases one per
+    part, [n_p] or None. Returns a new [m, n_p] tensor per part.
+    """
+    entry = kernel_entry(kernel)
+    if not isinstance(entry, GemmKernel):
+        raise FactError(f"fact::gemm_parts: kernel {kernel} is not a GEMM kernel")
+    label = entry.label or (entry.library.name if entry.library is not None else "reference")
+    _parts_checks(label, entry, a, weights, biases)
+    if entry.backend == "reference":  # as the model ran: one matmul (+ bias) per part
+        outs = []
+        for w, bias in zip(weights, biases, strict=True):
+            acc = torch.matmul(a, w.t())
+            outs.append((acc + bias if bias is not None else acc).to(entry.out_dtype))
+        return outs
+    m = a.shape[0]
+    outs = [torch.empty((m, w.shape[0]), dtype=entry.out_dtype, device=a.device) for w in weights]
+    with device_guard(a.device):
+        _run_cutlass_parts(entry, a, weights, biases, outs)
+    return outs
+
+
+gemm_parts = torch.library.custom_op("fact::gemm_parts", _gemm_parts, mutates_args=())
+
+
+@gemm_parts.register_fake
+def _gemm_parts_fake(a, weights, biases, kernel):
+    entry = kernel_entry(kernel)
+    return [a.new_empty((a.shape[0], w.shape[0]), dtype=entry.out_dtype) for w in weights]
 
 
 def _norm_reference(entry: NormKernel, x, weight, bias) -> torch.Tensor:
@@ -621,6 +726,7 @@ def _pointwise_fake(inputs, kernel, shape, strides):
 # (impls.direct_calls).
 BODIES = {
     torch.ops.fact.gemm.default: _gemm,
+    torch.ops.fact.gemm_parts.default: _gemm_parts,
     torch.ops.fact.norm.default: _norm,
     torch.ops.fact.attention.default: _attention,
     torch.ops.fact.pointwise.default: _pointwise,

@@ -47,13 +47,14 @@ from fact.compose.impls import (
     GatedGemmImpl,
     GatedTailImpl,
     GemmImpl,
+    HorizontalGemmImpl,
     Impl,
     NormImpl,
     PointwiseImpl,
     direct_calls,
     library_impls,
 )
-from fact.compose.program import Program, replace, subgraph
+from fact.compose.program import Program, pattern_outputs, replace, subgraph
 from fact.compose.report import json_ready
 from fact.errors import FactError
 
@@ -355,7 +356,8 @@ def evaluate(
         replace(sub, pattern, impl.emit, aliases)
         module = direct_calls(program.module(sub))  # as the composed module will call it
         args = [values[n] for n in names]
-        expected = values[pattern["output"]]
+        outputs = pattern_outputs(pattern)
+        expected = values[outputs[0]] if len(outputs) == 1 else tuple(values[n] for n in outputs)
         with torch.no_grad():
             out = module(*args)
             err = rel_err(out, expected)
@@ -494,10 +496,10 @@ CHECKED_IN_CONTEXT = ("norm", "pointwise")
 
 def _no_impl_reason(pattern: Mapping[str, Any], device: torch.device) -> str:
     family = pattern.get("family")
-    generated = ("gemm", "norm", "gated_mlp", "attention", "pointwise")
+    generated = ("gemm", "horizontal_gemm", "norm", "gated_mlp", "attention", "pointwise")
     if family in generated and device.type != "cuda":
         return "no GPU: generated kernels cannot run here"
-    if family in ("gemm", "gated_mlp"):
+    if family in ("gemm", "horizontal_gemm", "gated_mlp"):
         return "no usable generated kernel"
     if family in ("attention", "norm", "pointwise"):
         return f"no usable generated {family} kernel"
@@ -737,9 +739,9 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
 
 
 def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str, Any]) -> Impl:
-    """A generated kernel library as an implementation of its pattern (GEMM, row norm, fused
-    attention or pointwise region). FactError (NotSupportedError) when the kernel does not fit
-    the pattern."""
+    """A generated kernel library as an implementation of its pattern (GEMM, horizontal GEMM,
+    row norm, fused attention or pointwise region). FactError (NotSupportedError) when the
+    kernel does not fit the pattern."""
     from fact.tune.abi import KernelLibrary
 
     lib = KernelLibrary(library)
@@ -753,6 +755,8 @@ def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str,
         impl = PointwiseImpl(pattern, "cutlass", lib, label=lib.name)
     elif pattern.get("family") == "gated_mlp":
         impl = GatedGemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
+    elif pattern.get("family") == "horizontal_gemm":
+        impl = HorizontalGemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     else:
         impl = GemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     impl.library_path = str(library)

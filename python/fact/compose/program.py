@@ -10,6 +10,8 @@ assigned to the attribute, is seen by the next call.
 from __future__ import annotations
 
 import copy
+import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,14 +219,26 @@ def _view_base(value: Any) -> Any:
 # Graph surgery
 
 
+def pattern_outputs(pattern: Mapping[str, Any]) -> list[str]:
+    """The plan names of the nodes a pattern produces for the rest of the graph: a horizontal
+    GEMM's parts (its linear layers reading one input, in part order), each read on its own;
+    for every other family its one output."""
+    if pattern.get("family") == "horizontal_gemm":
+        parts = (pattern.get("attrs") or {}).get("parts") or pattern.get("anchors") or []
+        if parts:
+            return [str(name) for name in parts]
+    return [str(pattern.get("output", ""))]
+
+
 @dataclass
 class Region:
     """A pattern's nodes in one graph: where it reads from and what it produces."""
 
     nodes: list[fx.Node]  # in graph order
     inputs: list[fx.Node]  # nodes outside the region that it reads, in first-use order
-    output: fx.Node
+    output: fx.Node  # the first of `outputs`
     names: Mapping[str, fx.Node]  # plan node names (and aliases) -> nodes of this graph
+    outputs: list[fx.Node]  # what it produces (pattern_outputs), in order: [output] mostly
 
     def input(self, name: str) -> fx.Node:
         """The region's input the plan calls `name`."""
@@ -245,14 +259,15 @@ def region(
     if missing:
         raise FactError(f"pattern nodes {missing} are not in the graph (a stale plan?)")
     members = {by_name[name] for name in names}
-    output = by_name.get(pattern.get("output", ""))
-    if output not in members:
-        raise FactError(f"pattern output {pattern.get('output')!r} is not one of its nodes")
+    outputs = [by_name.get(name) for name in pattern_outputs(pattern)]
+    for name, output in zip(pattern_outputs(pattern), outputs, strict=True):
+        if output not in members:
+            raise FactError(f"pattern output {name!r} is not one of its nodes")
     ordered = [n for n in graph.nodes if n in members]
     escaping = [
         n.name
         for n in ordered
-        if n is not output and any(u not in members and not is_assert(u) for u in n.users)
+        if n not in outputs and any(u not in members and not is_assert(u) for u in n.users)
     ]
     if escaping:
         raise FactError(
@@ -264,7 +279,7 @@ def region(
         for arg in n.all_input_nodes:
             if arg not in members and arg not in inputs:
                 inputs.append(arg)
-    return Region(ordered, inputs, output, by_name)
+    return Region(ordered, inputs, outputs[0], by_name, outputs)
 
 
 def is_assert(n: fx.Node) -> bool:
@@ -280,8 +295,12 @@ def is_assert(n: fx.Node) -> bool:
     )
 
 
-#: emit(graph, region, pattern) -> the node that replaces region.output (created before it)
+#: emit(graph, region, pattern) -> the node that replaces region.output (created before it); for
+#: a pattern with several outputs, a node whose value is a tuple or list of them, in
+#: region.outputs order (created before the first of them)
 Emitter = Callable[[fx.Graph, Region, Mapping[str, Any]], fx.Node]
+
+_KEPT_META = ("val", "tensor_meta")
 
 
 def replace(
@@ -292,14 +311,19 @@ def replace(
 ) -> fx.Node:
     """Swap the pattern's nodes for what `emit` builds; nodes left without users are removed
     (views the new node still reads stay). With `aliases`, the new node is recorded under the
-    old output's name, so later patterns that read that output still find it."""
+    old output's name, so later patterns that read that output still find it. A pattern with
+    several outputs (pattern_outputs) gets one getitem of emit's node per output, each taking
+    that output's place and name in `aliases`; the node yielding them all is returned."""
     reg = region(graph, pattern, aliases)
-    with graph.inserting_before(reg.output):
-        new = emit(graph, reg, pattern)
-    new.meta.update({k: v for k, v in reg.output.meta.items() if k in ("val", "tensor_meta")})
-    reg.output.replace_all_uses_with(new)
-    if aliases is not None:
-        aliases[str(pattern.get("output"))] = new
+    if len(reg.outputs) == 1:
+        with graph.inserting_before(reg.output):
+            new = emit(graph, reg, pattern)
+        new.meta.update({k: v for k, v in reg.output.meta.items() if k in _KEPT_META})
+        reg.output.replace_all_uses_with(new)
+        if aliases is not None:
+            aliases[str(pattern.get("output"))] = new
+    else:
+        new = _replace_outputs(graph, reg, pattern, emit, aliases)
     for n in reversed(reg.nodes):
         if n.users and all(is_assert(u) for u in n.users):
             for u in list(n.users):
@@ -309,10 +333,42 @@ def replace(
     return new
 
 
+def _replace_outputs(
+    graph: fx.Graph,
+    reg: Region,
+    pattern: Mapping[str, Any],
+    emit: Emitter,
+    aliases: dict[str, fx.Node] | None,
+) -> fx.Node:
+    """replace() for several outputs: emit's node goes before the first of them (everything
+    the region reads must come before that), then one getitem per output takes its uses."""
+    first = next(n for n in reg.nodes if n in reg.outputs)
+    before = set(itertools.takewhile(lambda n: n is not first, graph.nodes))
+    late = [n.name for n in reg.inputs if n not in before]
+    if late:
+        raise FactError(
+            f"pattern {pattern.get('signature')}: it reads {late}, computed after its first "
+            f"output {first.name}, so one node cannot produce all its outputs there"
+        )
+    with graph.inserting_before(first):
+        new = emit(graph, reg, pattern)
+        items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(reg.outputs))]
+    vals = [o.meta.get("val") for o in reg.outputs]
+    if all(isinstance(v, torch.Tensor) for v in vals):
+        new.meta["val"] = vals  # as FX records an op returning Tensor[]
+    for name, old, item in zip(pattern_outputs(pattern), reg.outputs, items, strict=True):
+        item.meta.update({k: v for k, v in old.meta.items() if k in _KEPT_META})
+        old.replace_all_uses_with(item)
+        if aliases is not None:
+            aliases[name] = item
+    return new
+
+
 def subgraph(
     graph: fx.Graph, pattern: Mapping[str, Any]
 ) -> tuple[fx.Graph, list[str], dict[str, fx.Node]]:
-    """A standalone graph of one pattern: placeholders for what it reads, its nodes, its output.
+    """A standalone graph of one pattern: placeholders for what it reads, its nodes, its output
+    (a tuple of its outputs when it has several).
     Returns (graph, names of the read nodes in placeholder order, aliases): FX may rename a
     placeholder (`input` becomes `input_1`), so aliases maps the plan's names to them."""
     reg = region(graph, pattern)
@@ -325,5 +381,6 @@ def subgraph(
         env[n] = aliases[n.name] = p
     for n in reg.nodes:
         env[n] = sub.node_copy(n, lambda a: env[a])
-    sub.output(env[reg.output])
+    outs = [env[n] for n in reg.outputs]
+    sub.output(outs[0] if len(outs) == 1 else tuple(outs))
     return sub, [n.name for n in reg.inputs], aliases
