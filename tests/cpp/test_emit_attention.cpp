@@ -5,6 +5,8 @@
 // Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R EmitAttention.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "golden.h"
 #include "ir/error.h"
 #include "realize/attention.h"
@@ -52,16 +54,24 @@ std::vector<std::string> names(const AttentionCandidates& c) {
   return out;
 }
 
-TEST(EmitAttention, CausalBf16HeadDim96Cooperative) {
+TEST(EmitAttention, CausalBf16HeadDim96) {
   const auto spec = AttentionSpec::from_pattern(attention_pattern("bf16", true, 96));
   EXPECT_EQ(spec.kernel_head_dim, 96);  // native, not padded to 128
-  const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 4, nullptr);
-  ASSERT_EQ(cands.ranked.size(), 4u);
-  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_coop_s5");  // short sequence: cooperative first
+  const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
+  ASSERT_GE(cands.ranked.size(), 4u);
+  // Causal: the persistent ping-pong kernel first, its tiles heaviest first.
+  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5");
   EXPECT_EQ(cands.ranked[0].why, "prior");
-  const auto k = emit_attention_sm90(spec, cands.ranked[0].config);
+  const auto pp = emit_attention_sm90(spec, cands.ranked[0].config);
+  EXPECT_NE(pp.source.find("std::conditional_t<kCausal, CausalHeaviestFirstScheduler"), std::string::npos);
+  EXPECT_NE(pp.source.find("constexpr bool kPersistent = true;"), std::string::npos);
+  const auto coop = std::find_if(cands.ranked.begin(), cands.ranked.end(),
+                                 [](const auto& r) { return r.config.name() == "q128kv128_coop_s5"; });
+  ASSERT_NE(coop, cands.ranked.end());
+  const auto k = emit_attention_sm90(spec, coop->config);
   EXPECT_EQ(k.name.rfind("fact_attention_bf16_causal_d96_", 0), 0u) << k.name;
   EXPECT_NE(k.source.find("cutlass::fmha::collective::CausalFusion"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr bool kPersistent = false;"), std::string::npos);  // one CTA a tile
   expect_golden(k, "attention_bf16_causal_d96_coop.cu");
 }
 
@@ -217,7 +227,7 @@ TEST(EmitAttention, RegistryMeasurementsRankFirst) {
   EXPECT_NE(cands.ranked[0].why.find("registry: 250.0 us"), std::string::npos) << cands.ranked[0].why;
   EXPECT_EQ(names(cands)[1], "q128kv64_coop_s5");  // batch 8 vs 4: nearest
   EXPECT_NE(cands.ranked[1].why.find("nearest"), std::string::npos) << cands.ranked[1].why;
-  EXPECT_EQ(names(cands)[2], "q128kv128_coop_s5");  // then the prior; the far row is ignored
+  EXPECT_EQ(names(cands)[2], "q128kv128_pp_s5");  // then the prior; the far row is ignored
 }
 
 TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {

@@ -95,6 +95,60 @@ using Options = cute::tuple<
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked, cute::false_type>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::bool_constant<kPersistent>>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kLoadsQSeparately, cute::bool_constant<kPersistent>>>;
+// The persistent kernel's tile order under a causal mask: query tile m attends to m + 1 key
+// tiles, so CUTLASS's order (query tiles fastest, each CTA taking every grid-th tile) hands a CTA
+// the same query tile over and over when the grid is a multiple of their count (132 SMs, 4 tiles
+// of 128 queries at seq 512): the CTAs holding the last tiles do four times the work of those
+// holding the first. Here the query tile varies slowest, heaviest first (longest processing time
+// first): every CTA gets its share of each tile size, and the light ones fill the tail. Heads
+// vary fastest, so CTAs running together read the K/V heads a group shares.
+struct CausalHeaviestFirstScheduler {
+  struct Params {
+    int num_blocks;
+    int num_m_blocks;
+    cutlass::FastDivmod divmod_h;
+    cutlass::FastDivmod divmod_b;
+    cutlass::KernelHardwareInfo hw_info;
+  };
+
+  int block_idx = 0;
+  Params params;
+
+  CUTLASS_DEVICE
+  CausalHeaviestFirstScheduler(Params const& p) : block_idx(blockIdx.x), params(p) {}
+
+  template <class ProblemSize, class ClusterShape, class TileShape>
+  static Params to_underlying_arguments(ProblemSize const& problem_size, cutlass::KernelHardwareInfo hw_info,
+                                        ClusterShape const& cluster_shape, TileShape const& tile_shape) {
+    if (hw_info.sm_count <= 0) {
+      hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+    }
+    const int num_m_blocks =
+        cutlass::round_up(cute::ceil_div(cute::size<2>(problem_size), cute::size<0>(tile_shape)), cute::size<0>(cluster_shape));
+    const int num_blocks = num_m_blocks * cute::size<0>(problem_size) * cute::size<1>(problem_size);
+    return Params{num_blocks, num_m_blocks, {cute::size<1>(problem_size)}, {cute::size<0>(problem_size)}, hw_info};
+  }
+
+  static dim3 get_grid_shape(Params const& p) { return dim3(std::min(p.num_blocks, p.hw_info.sm_count), 1, 1); }
+
+  CUTLASS_DEVICE
+  bool is_valid() { return block_idx < params.num_blocks; }
+
+  CUTLASS_DEVICE
+  auto get_block_coord() {
+    int rest = block_idx, bidh, bidb;
+    params.divmod_h(rest, bidh, rest);  // rest = idx / heads, bidh = idx % heads
+    params.divmod_b(rest, bidb, rest);  // rest = the query tile, counted from the last
+    return cute::make_coord(params.num_m_blocks - 1 - rest, cute::_0{}, cute::make_coord(bidb, bidh));
+  }
+
+  CUTLASS_DEVICE
+  CausalHeaviestFirstScheduler& operator++() {
+    block_idx += gridDim.x;
+    return *this;
+  }
+};
+
 template <class... O>
 struct Assemble;
 template <class... O>
@@ -102,8 +156,8 @@ struct Assemble<cute::tuple<O...>> {
   using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
       ElementMma, Accumulator, Accumulator, TileShape, StrideQKVO, StrideQKVO, StrideV, Fusion, O...>;
   using Epilogue = cutlass::fmha::collective::FmhaFwdEpilogue<Element, Accumulator, typename Mainloop::TileShapePV>;
-  using Scheduler = std::conditional_t<kPersistent, cutlass::fmha::kernel::PersistentTileScheduler,
-                                       cutlass::fmha::kernel::IndividualTileScheduler>;
+  using Persistent = std::conditional_t<kCausal, CausalHeaviestFirstScheduler, cutlass::fmha::kernel::PersistentTileScheduler>;
+  using Scheduler = std::conditional_t<kPersistent, Persistent, cutlass::fmha::kernel::IndividualTileScheduler>;
   using Kernel = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler, O...>;
 };
 using Kernel = Assemble<Options>::Kernel;
