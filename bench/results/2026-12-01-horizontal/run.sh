@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 12 (2026-12-01): horizontal GEMMs as CUTLASS grouped (ptr-array) kernels; the causal
+# tile order of the persistent FMHA. Device calls on the H200, commands as run. Before each, on
+# the CPU machine: .device/bin/fact-engine = strip of build/fact-engine; .device/cutlass.tgz is
+# CUTLASS 4.2's source (the nvidia-cutlass wheel's, with examples/88_hopper_fmha).
+#
+# Call 1 (call1/, run.sh there): the horizontal-GEMM GPU test (bf16: one grouped kernel for q, k,
+# v; in-place weight update; CUDA graph replay), then the Llama-3 block in bf16, cold kernel
+# cache, seeded registry:
+#   JOBS=llama-bf16 bash .device/run_h12.sh
+#
+# Call 2 (call2/), after the persistent FMHA's causal tile order became heaviest-first
+# (attention_sm90.cu.in: CausalHeaviestFirstScheduler): every bf16 FMHA config at the MiniGPT and
+# Llama shapes, realized on the GPU machine with an empty registry (--candidates 24: all 13 that
+# fit shared memory), verified and timed against SDPA in one run by bench/gemm_bench.py:
+#   bash .device/run_h12b.sh        # call2/run.sh
+# A first attempt of this call passed an option `fact realize` does not have (--quiet) and
+# realized nothing; it also ran the horizontal GEMM GPU tests, bf16 and TF32
+# (call2/gpu_tests_horizontal.log: 2 passed), which the script now runs only with WITH_TESTS=1.
+#
+# Call 3 (call3/): the cooperative FMHA made persistent with the same tile order, a hand edit
+# of one generated kernel (kPersistent = true in the MiniGPT shape's q128kv128_coop_s5, compiled
+# on the CPU machine with compile.cpp's nvcc flags), timed the same way:
+#   bash .device/run_h12c.sh        # call3/run.sh; call 2's kernels were gone (a fresh machine)
+#
+# Call 4 (call4/), at the revision with the new prior order and the re-measured seed rows: the
+# attention GPU tests (20 passed), then the MiniGPT and Llama blocks in bf16, cold kernel cache,
+# seeded registry:
+#   bash .device/run_h12d.sh        # call4/run.sh
