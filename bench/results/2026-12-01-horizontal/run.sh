@@ -27,3 +27,8 @@
 # attention GPU tests (20 passed), then the MiniGPT and Llama blocks in bf16, cold kernel cache,
 # seeded registry:
 #   bash .device/run_h12d.sh        # call4/run.sh
+#
+# Call 5 (call5/): every TF32 FMHA config at the MiniGPT shape (fp32, precision high) after the
+# new tile order, the same way as call 2: ping-pong 0.480 ms (0.650 in the seed rows before),
+# the cooperative kernel still first at 0.464:
+#   bash .device/run_h12e.sh        # call5/run.sh
