@@ -1,5 +1,5 @@
 // Horizontal GEMM fusion: GEMMs that read the same A with weight B operands of the same K
-// (q, k, v projections) become one GEMM over the concatenated weights.
+// (q, k, v projections) become one pattern: one grouped GEMM over the parts' own weights.
 #include <algorithm>
 
 #include "discover/catalog.h"
@@ -29,7 +29,7 @@ Attempt match_horizontal_gemm(const ir::Graph& g, int root) {
         g.node(t.b).type().dtype != g.node(s.b).type().dtype) {
       continue;
     }
-    // Parts compute acc or acc + a row-vector bias (alpha = beta = 1): one concatenated bias.
+    // Parts compute acc or acc + a row-vector bias (alpha = beta = 1): one bias row a part.
     const auto& seed = t.seed.exprs;
     const bool plain = seed.size() == 1;
     const bool biased = seed.size() == 3 && t.seed_operands.size() == 1 && t.seed_operands[0].broadcast == "row";

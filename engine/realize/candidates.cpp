@@ -185,7 +185,17 @@ std::vector<std::string> problem_violations(const GemmProblem& p) {
     }
   };
   leading("A", p.layout_a, p.k, p.m, "K", "M", ba);
-  leading("B", p.layout_b, p.n, p.k, "N", "K", bb);
+  if (p.n_parts.empty()) {
+    leading("B", p.layout_b, p.n, p.k, "N", "K", bb);
+  } else {  // each part's B is its own tensor (a row-major one is k x n_p)
+    for (size_t i = 0; i < p.n_parts.size(); ++i) {
+      leading(("B part " + std::to_string(i)).c_str(), p.layout_b, p.n_parts[i], p.k, "N", "K", bb);
+    }
+  }
+  if (p.n_parts.size() > kMaxGemmParts) {
+    why.push_back(std::to_string(p.n_parts.size()) + " parts: a grouped kernel takes at most " +
+                  std::to_string(kMaxGemmParts) + " (FACT_MAX_GEMM_PARTS)");
+  }
   if (p.n_parts.empty()) {
     leading("the output", "row", p.n, p.n, "N", "N", bo);
   } else {
@@ -276,7 +286,7 @@ std::vector<std::string> config_violations(const GemmProblem& p, const GemmConfi
                   c.tile_scheduler);
   } else if (!grouped && c.tile_scheduler == "group") {
     why.push_back("the group tile scheduler is for horizontal GEMMs (CUTLASS's grouped kernel)");
-  } else if (c.tile_scheduler != "persistent" && c.tile_scheduler != "stream_k" && c.tile_scheduler != "group") {
+  } else if (!grouped && c.tile_scheduler != "persistent" && c.tile_scheduler != "stream_k") {
     why.push_back("unknown tile scheduler '" + c.tile_scheduler + "'");
   }
   // WGMMA: N is a multiple of 8 up to 256 (we keep multiples of 16); one K step is 32 bytes.
@@ -580,10 +590,12 @@ static double epilogue_time(const GemmProblem& p, const GemmConfig& c, int64_t s
 }
 
 // Output tiles along N: a horizontal GEMM's parts tile separately (each rounds up on its own).
-static int64_t tiles_along_n(const GemmProblem& p, const GemmConfig& c) {
-  if (p.n_parts.empty()) return ceil_div(p.n, c.tile_n);
+// With `cluster_n`, the CTA columns launched: CUTLASS's group scheduler rounds each part's
+// columns up to the cluster (a plain GEMM rounds the whole).
+static int64_t tiles_along_n(const GemmProblem& p, const GemmConfig& c, int cluster_n = 1) {
+  if (p.n_parts.empty()) return round_up(ceil_div(p.n, c.tile_n), cluster_n);
   int64_t tiles = 0;
-  for (const int64_t n : p.n_parts) tiles += ceil_div(n, c.tile_n);
+  for (const int64_t n : p.n_parts) tiles += round_up(ceil_div(n, c.tile_n), cluster_n);
   return tiles;
 }
 
@@ -625,7 +637,7 @@ static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms
 static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
   const int64_t batch = std::max<int64_t>(1, p.batch);
   const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = tiles_along_n(p, c);
-  const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = round_up(tiles_n, c.cluster_n);
+  const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = tiles_along_n(p, c, c.cluster_n);
   const int64_t tiles = grid_m * grid_n * batch;
   const int64_t useful = tiles_m * tiles_n * batch;
   // Efficiency (a gated tile reuses its A tile for both B operands).

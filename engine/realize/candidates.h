@@ -29,6 +29,8 @@ namespace fact::realize {
 // reserved by the system). 232 registers per thread is what CUTLASS's warp-specialized kernels
 // give their MMA warpgroups (setmaxnreg; the producer warpgroup drops to 40).
 inline constexpr int kSm90SmCount = 132;
+// Parts of a horizontal GEMM one grouped kernel takes (FACT_MAX_GEMM_PARTS of fact_gemm_abi.h).
+inline constexpr size_t kMaxGemmParts = 8;
 inline constexpr int64_t kSm90SmemPerCta = 227 * 1024;
 inline constexpr int kSm90ConsumerRegisters = 232;
 

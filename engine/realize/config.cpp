@@ -24,7 +24,7 @@ std::string GemmConfig::name() const {
 
 bool GemmConfig::is_name(const std::string& text) {
   static const std::regex shape(
-      "t[0-9]+x[0-9]+x[0-9]+_c[0-9]+x[0-9]+_(coop|pp|ms)_(tmacoop|tma|evt)_s(auto|[0-9]+)_(persistent|stream_k|grid)"
+      "t[0-9]+x[0-9]+x[0-9]+_c[0-9]+x[0-9]+_(coop|pp|ms)_(tmacoop|tma|evt)_s(auto|[0-9]+)_(persistent|stream_k|grid|group)"
       "(_(tf32|3xtf32))?");
   return std::regex_match(text, shape);
 }

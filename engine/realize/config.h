@@ -20,7 +20,7 @@ struct GemmConfig {
   // tma_cooperative | tma (matches the sm90 kernel schedule); visitor: the sm80 visitor epilogue
   std::string epilogue_schedule = "tma_cooperative";
   int stages = 0;                                   // 0: as many as shared memory allows (sm90)
-  std::string tile_scheduler = "persistent";        // persistent | stream_k (sm90); grid (sm80)
+  std::string tile_scheduler = "persistent";        // persistent | stream_k | group (sm90); grid (sm80)
   std::string math = "default";                     // default | tf32 | 3xtf32 (f32 operands)
 
   std::string name() const;  // "t128x128x64_c2x1_coop_tmacoop_sauto_persistent"

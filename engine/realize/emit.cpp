@@ -239,11 +239,12 @@ GemmSpec GemmSpec::from_pattern(const json& p) {
   if (p.contains("epilogue_expr")) {
     s.ssa = p["epilogue_expr"].at("ssa");
   } else {
-    // Horizontal fusion: acc, plus the concatenated bias when the parts have one.
+    // Horizontal fusion: acc, plus a bias row when the parts have one (each part's own, read
+    // by the grouped kernel at its part; a part without one adds zeros).
     s.ssa = json::array({{{"id", 0}, {"op", "acc"}}});
     s.epilogue_text = "acc";
     if (!s.operands.empty()) {
-      s.operands.resize(1);  // the parts' biases, concatenated into one row vector at run time
+      s.operands.resize(1);  // one row operand: the parts' biases, given per part at run time
       s.ssa.push_back({{"id", 1}, {"op", "operand"}, {"index", 0}});
       s.ssa.push_back({{"id", 2}, {"op", "add"}, {"args", {0, 1}}});
       s.epilogue_text = "acc + bias";
@@ -516,6 +517,7 @@ EmittedKernel emit_gemm_grouped_sm90(const GemmSpec& spec, const GemmConfig& c) 
   auto vars = gemm_vars(spec, c, leaves, k.name);
   vars.erase("gemm_abi");  // the grouped kernel's C ABI reads the parts: its own, in the template
   vars.insert({
+      {"sm90_grid", templates::kGemmSm90Grid},
       {"element_bias", element_bias},
       {"has_bias", bias ? "true" : "false"},
       {"kernel_info", gemm_kernel_info(spec, c).dump()},
@@ -585,6 +587,7 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   const bool coop = c.kernel_schedule == "cooperative";
   auto vars = gemm_vars(spec, c, leaves, k.name);
   vars.insert({
+      {"sm90_grid", templates::kGemmSm90Grid},
       {"element_c", leaves.element_c},
       {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
       {"cluster_m", std::to_string(c.cluster_m)},

@@ -623,13 +623,22 @@ TEST(Candidates, HorizontalGemmsTakeTheGroupSchedulerOnly) {
   const auto p = GemmProblem::from_match(mt);
   const auto listed = enumerate_sm90(p);
   ASSERT_FALSE(listed.empty());
-  for (const auto& c : listed) EXPECT_EQ(c.tile_scheduler, "group") << c.name();
+  for (const auto& c : listed) {
+    EXPECT_EQ(c.tile_scheduler, "group") << c.name();
+    EXPECT_TRUE(GemmConfig::is_name(c.name())) << c.name();  // so --configs can name it
+  }
   EXPECT_FALSE(filter_sm90(p, listed).kept.empty());
   EXPECT_NE(verdict(p, cfg(128, 256, 64)).find("grouped (ptr-array) kernel"), std::string::npos);
   EXPECT_NE(verdict(p, cfg(128, 256, 64, "cooperative", 0, "stream_k")).find("group"), std::string::npos);
   EXPECT_EQ(verdict(p, cfg(128, 256, 64, "cooperative", 0, "group")), "");
   // a plain GEMM refuses the group scheduler
   EXPECT_NE(verdict(bf16_problem(8192, 6144, 4096), cfg(128, 256, 64, "cooperative", 0, "group")).find("horizontal"),
+            std::string::npos);
+  // a grouped kernel takes at most 8 parts
+  auto many = mt;
+  many.problem["n_parts"] = std::vector<int64_t>(9, 512);
+  many.problem["n"] = 9 * 512;
+  EXPECT_NE(verdict(GemmProblem::from_match(many), cfg(128, 256, 64, "cooperative", 0, "group")).find("at most 8"),
             std::string::npos);
   // fp32-accurate: no grouped 3xTF32 kernel
   auto f32 = gemm_match(8192, 6144, 4096, "f32");

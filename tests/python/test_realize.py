@@ -119,6 +119,8 @@ def test_realize_compiles_an_fp32_accurate_gemm(engine_available, tmp_path):
     assert lib.can_implement(args()) == Status.OK, lib.last_error()
     assert lib.can_implement(args(splits=2)) == Status.INVALID_ARGS
     assert "split-K" in lib.last_error()
+    assert lib.can_implement(args(n_parts=1)) == Status.INVALID_ARGS  # parts: grouped kernels only
+    assert "not a grouped" in lib.last_error()
     assert lib.can_implement(args(a=0x10004)) == Status.NOT_SUPPORTED
     assert "16-byte aligned" in lib.last_error()
     assert lib.can_implement(args(k=254, lda=254, ldb=254)) == Status.NOT_SUPPORTED
@@ -191,6 +193,7 @@ def test_realize_compiles_a_horizontal_gemm(engine_available, tmp_path):
     assert lib.can_implement(args(n=300)) == Status.INVALID_ARGS
     assert "sum of the parts" in lib.last_error()
     assert lib.can_implement(args(batch=2)) == Status.NOT_SUPPORTED
+    assert lib.can_implement(args(m=0)) == Status.INVALID_ARGS
     misaligned = args()
     misaligned.parts[1].b = 0x40004
     assert lib.can_implement(misaligned) == Status.NOT_SUPPORTED

@@ -965,6 +965,15 @@ def test_horizontal_gemm():
         assert len(s["n_parts"]) == 3 and sum(s["n_parts"]) == s["n"], s
         assert all(n % 4 == 0 for n in s["n_parts"][:-1]), s
     assert split_parts(8, 3, 4) is None  # too few columns for three aligned parts
+    assert split_parts(8, 0, 4) is None
+    # n is the parts' sum: another n without parts is refused, not run as one unsplit GEMM
+    with pytest.raises(FactError, match="sum of its parts"):
+        make_inputs(pattern, {"n": 64}, device="cpu")
+    # the group scheduler's default launch runs along M, and is named so
+    combos = knob_combinations(pattern, {"tile_scheduler": "group"})
+    assert combos[0]["raster"] == "along_m"
+    assert all(c["raster"] != "heuristic" for c in combos)
+    assert len(combos) == len({json.dumps(c, sort_keys=True) for c in combos})
 
 
 def test_unsupported_patterns_are_refused():

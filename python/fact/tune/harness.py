@@ -567,7 +567,8 @@ def knob_combinations(
     1/2/4/8 when it has none), plus split-K 2 and 4 for stream-K kernels, and for those (unless
     `deterministic`, PyTorch's torch.use_deterministic_algorithms) the nondeterministic
     reduction with each raster order and no swizzle. An sm80 multistage kernel takes the default
-    alone: its threadblock swizzle is fixed and it has no split-K."""
+    alone: its threadblock swizzle is fixed and it has no split-K. A grouped (horizontal) kernel
+    has no raster heuristic: its default launch is along M."""
     if mode not in ("default", "sweep"):
         raise FactError(f"knob mode {mode!r} is not 'default' or 'sweep'")
     if mode == "default" or (config or {}).get("kernel_schedule") == "multistage":
@@ -576,6 +577,10 @@ def knob_combinations(
     rasters = [r for r in space.get("raster", ["along_m", "along_n"]) if r in RASTER]
     swizzles = [int(s) for s in space.get("swizzle", [1, 2, 4, 8])]
     combos = [dict(DEFAULT_KNOBS)]
+    if config and config.get("tile_scheduler") == "group":
+        # CUTLASS's group scheduler has no raster heuristic (the kernel runs along M for it):
+        # the default is that launch, named as what it is
+        combos = [{**DEFAULT_KNOBS, "raster": "along_m"}]
     combos += [{"raster": r, "max_swizzle": s, "splits": 1} for r in rasters for s in swizzles]
     if config and config.get("tile_scheduler") == "stream_k":
         combos += [{"raster": "heuristic", "max_swizzle": 1, "splits": s} for s in (2, 4)]

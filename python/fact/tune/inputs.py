@@ -50,7 +50,8 @@ _POSITIVE_ARG = {
 def resolve_problem(spec: GemmSpec, problem: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The plan's problem with `problem`'s sizes on top ({batch, m, n, k}, all >= 1).
 
-    A horizontal GEMM keeps its n_parts only while n still equals their sum.
+    A GEMM of another family drops n_parts when n no longer equals their sum; a horizontal
+    GEMM's n must stay their sum (its kernel runs one GEMM per part): FactError otherwise.
     """
     merged: dict[str, Any] = dict(spec.problem)
     merged.setdefault("batch", 1)
@@ -64,6 +65,11 @@ def resolve_problem(spec: GemmSpec, problem: Mapping[str, Any] | None = None) ->
             raise FactError(f"problem size {key}={merged[key]} must be >= 1")
     parts = merged.get("n_parts")
     if parts is not None and sum(parts) != merged["n"]:
+        if spec.family == "horizontal_gemm":  # its kernel runs one GEMM per part
+            raise FactError(
+                f"a horizontal GEMM's n ({merged['n']}) must be the sum of its parts "
+                f"{list(parts)}: give n_parts with n"
+            )
         merged.pop("n_parts")
     return merged
 
@@ -315,8 +321,10 @@ def set_parts(
 
 def split_parts(n: int, count: int, align: int) -> list[int] | None:
     """n columns as `count` parts, each a multiple of `align` but the last (None when too few)."""
+    if count < 1:
+        return None
     base = n // count // align * align
-    if count < 1 or base < 1:
+    if base < 1:
         return None
     return [base] * (count - 1) + [n - base * (count - 1)]
 
@@ -344,12 +352,11 @@ def verification_shapes(
         {"batch": batch, "m": up(1000), "n": up(776), "k": up(200)},
         {"batch": batch, "m": up(24), "n": up(40), "k": up(72)},
     ]
-    if main.get("n_parts"):  # a horizontal GEMM: as many parts at every shape
+    if main.get("n_parts"):  # a horizontal GEMM: as many parts at every shape, or no shape
         shapes[0]["n_parts"] = list(main["n_parts"])
         for s in shapes[1:]:
-            parts = split_parts(s["n"], len(main["n_parts"]), align)
-            if parts:
-                s["n_parts"] = parts
+            s["n_parts"] = split_parts(s["n"], len(main["n_parts"]), align)
+        shapes = [s for s in shapes if s["n_parts"]]
     unique: list[dict[str, Any]] = []
     for s in shapes:
         if s not in unique:

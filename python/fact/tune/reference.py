@@ -152,7 +152,8 @@ def gemm_spec(pattern: dict[str, Any]) -> GemmSpec:
     if expr:
         ssa, text = list(expr["ssa"]), expr.get("text", "acc")
     elif family == "horizontal_gemm":
-        # As emit.cpp: the parts' biases concatenated into one row vector, added to acc.
+        # As emit.cpp: one row operand for the parts' biases (the tuner's inputs hold them
+        # concatenated along n, each part's kernel reads its own block), added to acc.
         ssa, text = [{"id": 0, "op": "acc"}], "acc"
         if operands:
             first = operands[0]

@@ -95,13 +95,13 @@ using Options = cute::tuple<
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked, cute::false_type>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::bool_constant<kPersistent>>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kLoadsQSeparately, cute::bool_constant<kPersistent>>>;
-// The persistent kernel's tile order under a causal mask: query tile m attends to m + 1 key
-// tiles, so CUTLASS's order (query tiles fastest, each CTA taking every grid-th tile) hands a CTA
-// the same query tile over and over when the grid is a multiple of their count (132 SMs, 4 tiles
-// of 128 queries at seq 512): the CTAs holding the last tiles do four times the work of those
-// holding the first. Here the query tile varies slowest, heaviest first (longest processing time
-// first): every CTA gets its share of each tile size, and the light ones fill the tail. Heads
-// vary fastest, so CTAs running together read the K/V heads a group shares.
+// The persistent kernel's tile order under a causal mask: query tile m attends to the keys up
+// to its own last query, so its work grows with m. CUTLASS's order (query tiles fastest, each
+// CTA taking every grid-th tile) hands a CTA the same query tile over and over when the grid is
+// a multiple of their count (132 SMs, 4 tiles of 128 queries at seq 512): the CTAs holding the
+// last tiles do four times the work of those holding the first. Here the query tile varies
+// slowest, heaviest first (longest processing time first): every CTA gets its share of each tile
+// size, and the light ones fill the tail. Then heads, then batches.
 struct CausalHeaviestFirstScheduler {
   struct Params {
     int num_blocks;

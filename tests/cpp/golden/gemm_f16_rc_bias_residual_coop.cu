@@ -126,7 +126,8 @@ Stride make_stride_from(int64_t ld, int64_t batch_stride) {
 // (cudaOccupancyMaxActiveClusters), asked once per device. CUTLASS's persistent schedulers size
 // their grid from it; without it they assume 18 SMs per GPC, which on a 132-SM H100/H200
 // launches 116 CTAs for 2x2 clusters. CUTLASS's query leaves shared memory out; registers
-// already allow one CTA per SM.
+// already allow one CTA per SM. (The same in both sm90 GEMM kernels: FACT's
+// templates/gemm_sm90_grid.cu.in.)
 int max_active_clusters(int device) {
   if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
   static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown
@@ -194,6 +195,7 @@ __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGem
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
   if (p->batch < 1) return fail(FACT_INVALID_ARGS, "batch must be at least 1");
+  if (p->n_parts != 0) return fail(FACT_INVALID_ARGS, "parts given to a kernel that is not a grouped (horizontal) one");
   if (p->m > INT32_MAX || p->n > INT32_MAX || p->k > INT32_MAX || p->batch > INT32_MAX) {
     return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents");
   }

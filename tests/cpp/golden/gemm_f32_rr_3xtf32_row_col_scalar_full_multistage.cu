@@ -161,6 +161,7 @@ __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGem
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
   if (p->batch < 1) return fail(FACT_INVALID_ARGS, "batch must be at least 1");
+  if (p->n_parts != 0) return fail(FACT_INVALID_ARGS, "parts given to a kernel that is not a grouped (horizontal) one");
   if (p->m > INT32_MAX || p->n > INT32_MAX || p->k > INT32_MAX || p->batch > INT32_MAX) {
     return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents");
   }

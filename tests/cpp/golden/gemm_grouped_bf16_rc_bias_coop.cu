@@ -82,8 +82,10 @@ struct FactEpilogue {
 };
 
 using namespace cutlass::epilogue::fusion;
-// A bias is read as row `part` of a [parts, max n] copy the run makes in its workspace (the
-// tile's L coordinate is its part).
+// A bias is read as row `part` of a [parts, max n] copy the run makes in its workspace: in a
+// grouped kernel the tile's L coordinate is its part, and the row broadcast steps its pointer by
+// L x the row stride without checking L against the part's own extent (1), which is what
+// places each part on its row.
 using FusionCallbacks = Sm90EVT<
     Sm90Compute<FactEpilogue, ElementD, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>,
     Sm90AccFetch,
@@ -205,17 +207,21 @@ namespace {
 
 using namespace fact_grouped;
 
-// How many clusters of this kernel `device` (the current one) runs at once, asked once per
-// device (see the plain GEMM template: CUTLASS's persistent schedulers size their grid from it).
+// How many clusters of this kernel `device` (the current one) runs at once
+// (cudaOccupancyMaxActiveClusters), asked once per device. CUTLASS's persistent schedulers size
+// their grid from it; without it they assume 18 SMs per GPC, which on a 132-SM H100/H200
+// launches 116 CTAs for 2x2 clusters. CUTLASS's query leaves shared memory out; registers
+// already allow one CTA per SM. (The same in both sm90 GEMM kernels: FACT's
+// templates/gemm_sm90_grid.cu.in.)
 int max_active_clusters(int device) {
-  if (size(ClusterShape{}) == 1) return 0;
-  static std::atomic<int> known[16];
+  if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
+  static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown
   if (device < 0 || device >= 16) return 0;
   int n = known[device].load(std::memory_order_relaxed);
   if (n == 0) {
     n = cutlass::KernelHardwareInfo::query_device_max_active_clusters<GemmKernel>();
     if (n <= 0) {
-      cudaGetLastError();
+      cudaGetLastError();  // clear it: CUTLASS's own estimate is used instead
       n = -1;
     }
     known[device].store(n, std::memory_order_relaxed);
@@ -233,6 +239,7 @@ int read_parts(const FactGemmArgs* p, Parts& parts) {
     return fail(FACT_INVALID_ARGS, "a grouped (horizontal) kernel needs 1 to FACT_MAX_GEMM_PARTS parts");
   }
   if (p->batch != 1) return fail(FACT_NOT_SUPPORTED, "a grouped (horizontal) kernel runs batch 1 only");
+  if (p->m < 1 || p->k < 1) return fail(FACT_INVALID_ARGS, "m and k must be at least 1");
   if (p->m > INT32_MAX || p->k > INT32_MAX) return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents");
   if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
   if (p->reduction != 0) return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel");
@@ -267,6 +274,9 @@ int read_parts(const FactGemmArgs* p, Parts& parts) {
     n_sum += q.n;
   }
   if (n_sum != p->n) return fail(FACT_INVALID_ARGS, "n is not the sum of the parts' n");
+  if (kHasBias && static_cast<int64_t>(parts.count) * parts.max_n > INT32_MAX) {
+    return fail(FACT_NOT_SUPPORTED, "the parts' bias rows beyond 2^31 elements");
+  }
   return FACT_OK;
 }
 
@@ -349,7 +359,8 @@ __attribute__((visibility("default"))) int fact_gemm_run(const FactGemmArgs* p, 
   }
   auto s = static_cast<cudaStream_t>(stream);
   const int fill_threads = 256;
-  const int fill_blocks = std::min(64, std::max(1, (parts.count * (kHasBias ? parts.max_n : 1) + fill_threads - 1) / fill_threads));
+  const int64_t fill_items = static_cast<int64_t>(parts.count) * (kHasBias ? parts.max_n : 1);
+  const int fill_blocks = static_cast<int>(std::min<int64_t>(64, (fill_items + fill_threads - 1) / fill_threads));
   fill_parts<<<fill_blocks, fill_threads, 0, s>>>(parts, l, static_cast<char*>(workspace));
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
   Gemm gemm;
