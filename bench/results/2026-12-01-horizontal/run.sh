@@ -32,3 +32,8 @@
 # new tile order, the same way as call 2: ping-pong 0.480 ms (0.650 in the seed rows before),
 # the cooperative kernel still first at 0.464:
 #   bash .device/run_h12e.sh        # call5/run.sh
+#
+# Call 6 (call6/), at the review fixes (the grouped kernel's size checks, the shared grid
+# fragment, plain kernels refusing parts): the horizontal GEMM GPU tests, bf16 and TF32
+# (2 passed):
+#   bash .device/run_h12f.sh        # call6/run.sh
