@@ -37,3 +37,10 @@
 # fragment, plain kernels refusing parts): the horizontal GEMM GPU tests, bf16 and TF32
 # (2 passed):
 #   bash .device/run_h12f.sh        # call6/run.sh
+#
+# Call 7 (call7/), an experiment not kept: the causal order in groups of one (batch, head) pair
+# a CTA (each CTA doing all query tiles of its pair, heaviest first, so the pairs in flight keep
+# K/V in L2), the MiniGPT shape's ping-pong kernel realized on the CPU machine from that
+# template: 0.1937 ms against SDPA's 0.1923 in the same run (1.007x its time; call 2's order
+# 1.021x). Within the noise between runs, so the simpler order of call 2 stays.
+#   bash .device/run_h12g.sh        # call7/run.sh
