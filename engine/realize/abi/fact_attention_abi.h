@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 2, for generated fused attention kernels (forward).
+/* FACT kernel C ABI, version 3, for generated fused attention kernels (forward).
  *
  * O[b, h, s, :] = softmax(scale * Q[b, h, s, :] . K[b, hk, t, :] (+ causal mask)) @ V[b, hk, t, :]
  * for b < batch, h < heads, s < seq_q, t < seq_k, where hk = h / (heads / kv_heads) (grouped-query
