@@ -340,7 +340,7 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
                           (tf32 ? " with TF32 tensor-core math" : "") + ", head dim up to " +
                           std::to_string(spec.kernel_head_dim)},
       {"kernel_name", k.name},
-      {"kernel_info", info.dump()},
+      {"abi_exports", abi_exports(k.name, info.dump())},
       {"element", element_type(spec.dtype)},
       {"element_mma", tf32 ? "cutlass::tfloat32_t" : element_type(spec.dtype)},
       {"math", tf32 ? "TF32 MMAs (float32 matmul precision high or medium), fp32 accumulation and output"
@@ -384,7 +384,7 @@ EmittedKernel emit_attention_sm80(const AttentionSpec& spec, const AttentionConf
                           (tf32 ? "TF32" : "3xTF32 (fp32-accurate)") + " tensor-core math, head dim up to " +
                           std::to_string(spec.kernel_head_dim)},
       {"kernel_name", k.name},
-      {"kernel_info", info.dump()},
+      {"abi_exports", abi_exports(k.name, info.dump())},
       {"block_q", std::to_string(c.block_q)},
       {"block_kv", std::to_string(c.block_kv)},
       {"head_dim", std::to_string(spec.kernel_head_dim)},

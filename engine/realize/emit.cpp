@@ -207,6 +207,10 @@ std::string substitute(const std::string& text, const std::map<std::string, std:
 
 const char* abi_header_text() { return templates::kAbiHeader; }
 
+std::string abi_exports(const std::string& name, const std::string& info_json) {
+  return substitute(templates::kAbiExports, {{"kernel_name", name}, {"kernel_info", info_json}});
+}
+
 GemmSpec GemmSpec::from_pattern(const json& p) {
   GemmSpec s;
   s.family = p.at("family");
@@ -478,7 +482,7 @@ std::map<std::string, std::string> gemm_vars(const GemmSpec& spec, const GemmCon
                                   {{"functor_params", leaves.params},
                                    {"functor_body", functor_body(spec.ssa, spec.operands.size(), math_fns(spec))}})},
       {"gemm_abi",
-       substitute(templates::kGemmAbi, {{"kernel_name", kernel_name}, {"kernel_info", gemm_kernel_info(spec, c).dump()}})},
+       substitute(templates::kGemmAbi, {{"abi_exports", abi_exports(kernel_name, gemm_kernel_info(spec, c).dump())}})},
   };
 }
 
@@ -520,7 +524,7 @@ EmittedKernel emit_gemm_grouped_sm90(const GemmSpec& spec, const GemmConfig& c) 
       {"sm90_grid", templates::kGemmSm90Grid},
       {"element_bias", element_bias},
       {"has_bias", bias ? "true" : "false"},
-      {"kernel_info", gemm_kernel_info(spec, c).dump()},
+      {"abi_exports", abi_exports(k.name, gemm_kernel_info(spec, c).dump())},
       {"cluster_m", std::to_string(c.cluster_m)},
       {"cluster_n", std::to_string(c.cluster_n)},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative"

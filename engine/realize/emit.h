@@ -93,5 +93,8 @@ std::string short_hash(const std::string& text);
 
 // The ABI header every generated kernel includes (written beside the sources).
 const char* abi_header_text();
+// The four exports every kernel library has (fact_abi_version, fact_kernel_name,
+// fact_kernel_info, fact_last_error: templates/abi_exports.cu.in), for `name` and its info JSON.
+std::string abi_exports(const std::string& name, const std::string& info_json);
 
 }  // namespace fact::realize

@@ -101,7 +101,7 @@ EmittedKernel emit_norm(const NormSpec& spec, const NormConfig& c) {
       {"description", spec.kind + " over rows of " + std::to_string(spec.cols) + " " + spec.dtype_in + " -> " +
                           spec.dtype_out + (spec.has_weight ? ", weight" : "") + (spec.has_bias ? ", bias" : "")},
       {"kernel_name", k.name},
-      {"kernel_info", info.dump()},
+      {"abi_exports", abi_exports(k.name, info.dump())},
       {"t_in", cuda_type(spec.dtype_in)},
       {"t_out", cuda_type(spec.dtype_out)},
       {"t_weight", w},

@@ -339,7 +339,7 @@ EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c
   std::map<std::string, std::string> vars = {
       {"description", "pointwise region, " + std::to_string(spec.inputs.size()) + " input(s) -> " + spec.dtype_out},
       {"kernel_name", k.name},
-      {"kernel_info", info.dump()},
+      {"abi_exports", abi_exports(k.name, info.dump())},
       {"expression", text},
       {"t_out", cuda_type(spec.dtype_out)},
       {"cols", std::to_string(spec.cols)},

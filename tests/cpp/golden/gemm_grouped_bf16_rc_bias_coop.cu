@@ -319,9 +319,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
 __attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_gemm_bf16_rc_4a5644d9a8_t128x128x64_c2x1_coop_tmacoop_sauto_group"; }
-__attribute__((visibility("default"))) const char* fact_kernel_info(void) {
-  return R"FACTJSON({"config":{"cluster":[2,1],"epilogue_schedule":"tma_cooperative","kernel_schedule":"cooperative","math":"default","name":"t128x128x64_c2x1_coop_tmacoop_sauto_group","stages":0,"tile":[128,128,64],"tile_scheduler":"group"},"dtype_a":"bf16","dtype_b":"bf16","dtype_out":"bf16","epilogue":"acc + op0","family":"horizontal_gemm","layout_a":"row","layout_b":"col","operands":[{"dtype":"bf16","kind":"row"}]})FACTJSON";
-}
+__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[2,1],"epilogue_schedule":"tma_cooperative","kernel_schedule":"cooperative","math":"default","name":"t128x128x64_c2x1_coop_tmacoop_sauto_group","stages":0,"tile":[128,128,64],"tile_scheduler":"group"},"dtype_a":"bf16","dtype_b":"bf16","dtype_out":"bf16","epilogue":"acc + op0","family":"horizontal_gemm","layout_a":"row","layout_b":"col","operands":[{"dtype":"bf16","kind":"row"}]})FACTJSON"; }
 __attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
 
 __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
