@@ -486,6 +486,28 @@ std::map<std::string, std::string> gemm_vars(const GemmSpec& spec, const GemmCon
   };
 }
 
+// TF32 WGMMA kernels read K-major operands only: wrong results on the H200 otherwise (the
+// candidate filter drops these configs and says why; this guards direct callers).
+void require_tf32_k_major(const GemmSpec& spec) {
+  if (spec.dtype_a == "f32" && (spec.layout_a != "row" || spec.layout_b != "col")) {
+    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + spec.layout_a + " A, " +
+                       spec.layout_b + " B");
+  }
+}
+
+// What both sm90 templates take besides gemm_vars(): the shared strides-and-grid fragment, the
+// cluster, and the stage count (a fixed one, or as many as shared memory leaves the epilogue).
+std::map<std::string, std::string> sm90_vars(const GemmConfig& c) {
+  return {
+      {"sm90_common", templates::kGemmSm90Common},
+      {"cluster_m", std::to_string(c.cluster_m)},
+      {"cluster_n", std::to_string(c.cluster_n)},
+      {"stage_count",
+       c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
+                    : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
+  };
+}
+
 }  // namespace
 
 EmittedKernel emit_gemm(const GemmSpec& spec, const GemmConfig& c) {
@@ -500,10 +522,7 @@ EmittedKernel emit_gemm_grouped_sm90(const GemmSpec& spec, const GemmConfig& c) 
                        c.tile_scheduler);
   }
   if (c.math == "3xtf32") throw NotSupported("no grouped form of the 3xTF32 (fp32-accurate) GEMM");
-  if (spec.dtype_a == "f32" && (spec.layout_a != "row" || spec.layout_b != "col")) {
-    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + spec.layout_a + " A, " +
-                       spec.layout_b + " B");
-  }
+  require_tf32_k_major(spec);
   if (spec.operands.size() > 1 || (spec.operands.size() == 1 && spec.operands[0].kind != "row")) {
     throw NotSupported("a horizontal GEMM's epilogue adds at most one bias row per part");
   }
@@ -520,20 +539,15 @@ EmittedKernel emit_gemm_grouped_sm90(const GemmSpec& spec, const GemmConfig& c) 
   k.name = gemm_kernel_name(spec, c);
   auto vars = gemm_vars(spec, c, leaves, k.name);
   vars.erase("gemm_abi");  // the grouped kernel's C ABI reads the parts: its own, in the template
+  vars.merge(sm90_vars(c));
   vars.insert({
-      {"sm90_grid", templates::kGemmSm90Grid},
       {"element_bias", element_bias},
       {"has_bias", bias ? "true" : "false"},
       {"abi_exports", abi_exports(k.name, gemm_kernel_info(spec, c).dump())},
-      {"cluster_m", std::to_string(c.cluster_m)},
-      {"cluster_n", std::to_string(c.cluster_n)},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative"
                                : "cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong"},
       {"epilogue_schedule", coop ? "cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative"
                                  : "cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong"},
-      {"stage_count",
-       c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
-                    : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
       {"fusion_arguments",
        bias ? "{{}, {reinterpret_cast<const ElementBias*>(ws + l.bias), ElementBias(0), {_0{}, _1{}, parts.max_n}}, {}}"
             : "{{}, {}}"},
@@ -572,11 +586,7 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   if (c.math == "3xtf32") {
     throw NotSupported("3xTF32 (fp32-accurate) GEMMs are sm80 kernels in CUTLASS (no sm90 form): emit_gemm_sm80");
   }
-  if (spec.dtype_a == "f32" && (spec.layout_a != "row" || spec.layout_b != "col")) {
-    // Wrong results on the H200 (the candidate filter drops these configs and says why).
-    throw NotSupported("f32 (tf32) GEMMs need K-major operands (row A, col B); got " + spec.layout_a + " A, " +
-                       spec.layout_b + " B");
-  }
+  require_tf32_k_major(spec);
   const EvtLeaves leaves = evt_leaves(spec, true);
   EmittedKernel k;
   k.name = gemm_kernel_name(spec, c);
@@ -590,21 +600,16 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   }
   const bool coop = c.kernel_schedule == "cooperative";
   auto vars = gemm_vars(spec, c, leaves, k.name);
+  vars.merge(sm90_vars(c));
   vars.insert({
-      {"sm90_grid", templates::kGemmSm90Grid},
       {"element_c", leaves.element_c},
       {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
-      {"cluster_m", std::to_string(c.cluster_m)},
-      {"cluster_n", std::to_string(c.cluster_n)},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelTmaWarpSpecializedCooperative"
                                : "cutlass::gemm::KernelTmaWarpSpecializedPingpong"},
       {"epilogue_schedule", c.epilogue_schedule == "tma_cooperative" ? "cutlass::epilogue::TmaWarpSpecializedCooperative"
                                                                      : "cutlass::epilogue::TmaWarpSpecialized"},
       {"tile_scheduler", c.tile_scheduler == "stream_k" ? "cutlass::gemm::StreamKScheduler"
                                                         : "cutlass::gemm::PersistentScheduler"},
-      {"stage_count",
-       c.stages > 0 ? "cutlass::gemm::collective::StageCount<" + std::to_string(c.stages) + ">"
-                    : "cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(\n        sizeof(typename CollectiveEpilogue::SharedStorage))>"},
       {"fusion_arguments", "{{}" + leaves.args + ", {}}"},
       {"c_pointer", leaves.c_pointer},
       {"c_ld", leaves.c_ld},

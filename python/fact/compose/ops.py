@@ -187,13 +187,18 @@ def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
     )
     inputs = GemmInputs(entry.spec, _problem(a, b), a, b, list(operands), out, 0, a.device)
     args = gemm_args(inputs, launch_knobs(entry.knobs), _sm_count(a.device))
-    status = lib.can_implement(args)
-    if status != Status.OK:
-        raise FactError(
-            f"fact::gemm {entry.label or lib.name}: the kernel cannot run "
-            f"{tuple(a.shape)} @ {tuple(b.shape)}: {lib.last_error()}"
-        )
-    lib.check(_launch(lib.run, args, lib.workspace_size(args), a.device))
+    what = f"fact::gemm {entry.label or lib.name}: the kernel cannot run"
+    _run_gemm_args(lib, args, a.device, f"{what} {tuple(a.shape)} @ {tuple(b.shape)}")
+
+
+def _run_gemm_args(
+    lib: KernelLibrary, args: FactGemmArgs, device: torch.device, refusal: str
+) -> None:
+    """can_implement, then run with the workspace the kernel asks for on PyTorch's current
+    stream; FactError `refusal: <the kernel's reason>` when it cannot implement the call."""
+    if lib.can_implement(args) != Status.OK:
+        raise FactError(f"{refusal}: {lib.last_error()}")
+    lib.check(_launch(lib.run, args, lib.workspace_size(args), device))
 
 
 def _gemm(
@@ -279,14 +284,9 @@ def _run_cutlass_parts(entry: GemmKernel, a, weights, biases, outs) -> None:
     except FactError as exc:
         raise FactError(f"fact::gemm_parts {label}: {exc}") from None
     set_knobs(args, launch_knobs(entry.knobs), _sm_count(a.device))
-    status = lib.can_implement(args)
-    if status != Status.OK:
-        shapes = ", ".join(str(tuple(w.shape)) for w in weights)
-        raise FactError(
-            f"fact::gemm_parts {label}: the kernel cannot run {tuple(a.shape)} against weights "
-            f"{shapes}: {lib.last_error()}"
-        )
-    lib.check(_launch(lib.run, args, lib.workspace_size(args), a.device))
+    shapes = ", ".join(str(tuple(w.shape)) for w in weights)
+    refusal = f"fact::gemm_parts {label}: the kernel cannot run {tuple(a.shape)} against weights"
+    _run_gemm_args(lib, args, a.device, f"{refusal} {shapes}")
 
 
 def _gemm_parts(

@@ -103,16 +103,20 @@ using StrideB = typename Gemm::GemmKernel::StrideB;
 using StrideC = typename Gemm::GemmKernel::StrideC;
 using StrideD = typename Gemm::GemmKernel::StrideD;
 
-// Row-major / column-major strides from leading dimensions (elements), batch stride last.
+// Strides and the persistent grid, the same in both sm90 GEMM kernels (FACT's
+// templates/gemm_sm90_common.cu.in).
+
+// A row- or column-major stride from a leading dimension (elements), and the batch stride where
+// the kernel has a batch mode (a grouped kernel's strides are per part: no batch stride).
 template <class Stride>
-Stride make_stride_from(int64_t ld, int64_t batch_stride) {
+CUTLASS_HOST_DEVICE Stride make_stride_from(int64_t ld, int64_t batch_stride) {
   Stride s{};
   if constexpr (cute::is_same_v<cute::remove_cvref_t<decltype(get<1>(s))>, cute::Int<1>>) {
     get<0>(s) = ld;
   } else {
     get<1>(s) = ld;
   }
-  get<2>(s) = batch_stride;
+  if constexpr (!cute::is_static<cute::remove_cvref_t<decltype(get<2>(s))>>::value) get<2>(s) = batch_stride;
   return s;
 }
 
@@ -120,8 +124,7 @@ Stride make_stride_from(int64_t ld, int64_t batch_stride) {
 // (cudaOccupancyMaxActiveClusters), asked once per device. CUTLASS's persistent schedulers size
 // their grid from it; without it they assume 18 SMs per GPC, which on a 132-SM H100/H200
 // launches 116 CTAs for 2x2 clusters. CUTLASS's query leaves shared memory out; registers
-// already allow one CTA per SM. (The same in both sm90 GEMM kernels: FACT's
-// templates/gemm_sm90_grid.cu.in.)
+// already allow one CTA per SM.
 int max_active_clusters(int device) {
   if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
   static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown

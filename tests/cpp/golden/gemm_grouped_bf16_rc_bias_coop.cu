@@ -111,16 +111,42 @@ using StrideB = typename Gemm::GemmKernel::InternalStrideB;
 using StrideD = typename Gemm::GemmKernel::InternalStrideD;
 using PartShape = typename ProblemShape::UnderlyingProblemShape;
 
-// A row- or column-major stride (one part, no batch mode) from a leading dimension.
+// Strides and the persistent grid, the same in both sm90 GEMM kernels (FACT's
+// templates/gemm_sm90_common.cu.in).
+
+// A row- or column-major stride from a leading dimension (elements), and the batch stride where
+// the kernel has a batch mode (a grouped kernel's strides are per part: no batch stride).
 template <class Stride>
-CUTLASS_HOST_DEVICE Stride stride_from(int64_t ld) {
+CUTLASS_HOST_DEVICE Stride make_stride_from(int64_t ld, int64_t batch_stride) {
   Stride s{};
   if constexpr (cute::is_same_v<cute::remove_cvref_t<decltype(get<1>(s))>, cute::Int<1>>) {
     get<0>(s) = ld;
   } else {
     get<1>(s) = ld;
   }
+  if constexpr (!cute::is_static<cute::remove_cvref_t<decltype(get<2>(s))>>::value) get<2>(s) = batch_stride;
   return s;
+}
+
+// How many clusters of this kernel `device` (the current one) runs at once
+// (cudaOccupancyMaxActiveClusters), asked once per device. CUTLASS's persistent schedulers size
+// their grid from it; without it they assume 18 SMs per GPC, which on a 132-SM H100/H200
+// launches 116 CTAs for 2x2 clusters. CUTLASS's query leaves shared memory out; registers
+// already allow one CTA per SM.
+int max_active_clusters(int device) {
+  if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
+  static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown
+  if (device < 0 || device >= 16) return 0;
+  int n = known[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = cutlass::KernelHardwareInfo::query_device_max_active_clusters<GemmKernel>();
+    if (n <= 0) {
+      cudaGetLastError();  // clear it: CUTLASS's own estimate is used instead
+      n = -1;
+    }
+    known[device].store(n, std::memory_order_relaxed);
+  }
+  return n > 0 ? n : 0;
 }
 
 }  // namespace
@@ -174,11 +200,6 @@ WorkspaceLayout workspace_layout(const Parts& parts) {
   return l;
 }
 
-template <class T>
-T* at_offset(void* base, size_t offset) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
-}
-
 __global__ void fill_parts(Parts parts, WorkspaceLayout l, char* ws) {
   const int tid = blockIdx.x * blockDim.x + threadIdx.x;
   if (tid < parts.count) {
@@ -187,9 +208,9 @@ __global__ void fill_parts(Parts parts, WorkspaceLayout l, char* ws) {
     reinterpret_cast<const ElementA**>(ws + l.a)[p] = parts.a;
     reinterpret_cast<const ElementB**>(ws + l.b)[p] = parts.b[p];
     reinterpret_cast<ElementD**>(ws + l.d)[p] = parts.d[p];
-    reinterpret_cast<StrideA*>(ws + l.stride_a)[p] = stride_from<StrideA>(parts.lda);
-    reinterpret_cast<StrideB*>(ws + l.stride_b)[p] = stride_from<StrideB>(parts.ldb[p]);
-    reinterpret_cast<StrideD*>(ws + l.stride_d)[p] = stride_from<StrideD>(parts.ldd[p]);
+    reinterpret_cast<StrideA*>(ws + l.stride_a)[p] = make_stride_from<StrideA>(parts.lda, 0);
+    reinterpret_cast<StrideB*>(ws + l.stride_b)[p] = make_stride_from<StrideB>(parts.ldb[p], 0);
+    reinterpret_cast<StrideD*>(ws + l.stride_d)[p] = make_stride_from<StrideD>(parts.ldd[p], 0);
   }
   if constexpr (kHasBias) {  // row p: part p's bias, zero past its n (or all zero without one)
     auto* rows = reinterpret_cast<ElementBias*>(ws + l.bias);
@@ -206,28 +227,6 @@ __global__ void fill_parts(Parts parts, WorkspaceLayout l, char* ws) {
 namespace {
 
 using namespace fact_grouped;
-
-// How many clusters of this kernel `device` (the current one) runs at once
-// (cudaOccupancyMaxActiveClusters), asked once per device. CUTLASS's persistent schedulers size
-// their grid from it; without it they assume 18 SMs per GPC, which on a 132-SM H100/H200
-// launches 116 CTAs for 2x2 clusters. CUTLASS's query leaves shared memory out; registers
-// already allow one CTA per SM. (The same in both sm90 GEMM kernels: FACT's
-// templates/gemm_sm90_grid.cu.in.)
-int max_active_clusters(int device) {
-  if (size(ClusterShape{}) == 1) return 0;  // one-CTA clusters: the grid is the SM count
-  static std::atomic<int> known[16];        // per device ordinal; 0 = not asked yet, -1 = unknown
-  if (device < 0 || device >= 16) return 0;
-  int n = known[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = cutlass::KernelHardwareInfo::query_device_max_active_clusters<GemmKernel>();
-    if (n <= 0) {
-      cudaGetLastError();  // clear it: CUTLASS's own estimate is used instead
-      n = -1;
-    }
-    known[device].store(n, std::memory_order_relaxed);
-  }
-  return n > 0 ? n : 0;
-}
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
