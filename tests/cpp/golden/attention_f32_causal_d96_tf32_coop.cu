@@ -102,49 +102,24 @@ using Options = cute::tuple<
 // last tiles do four times the work of those holding the first. Here the query tile varies
 // slowest, heaviest first (longest processing time first): every CTA gets its share of each tile
 // size, and the light ones fill the tail. Then heads, then batches.
-struct CausalHeaviestFirstScheduler {
-  struct Params {
-    int num_blocks;
-    int num_m_blocks;
-    cutlass::FastDivmod divmod_h;
-    cutlass::FastDivmod divmod_b;
-    cutlass::KernelHardwareInfo hw_info;
-  };
-
-  int block_idx = 0;
-  Params params;
-
-  CUTLASS_DEVICE
-  CausalHeaviestFirstScheduler(Params const& p) : block_idx(blockIdx.x), params(p) {}
-
-  template <class ProblemSize, class ClusterShape, class TileShape>
-  static Params to_underlying_arguments(ProblemSize const& problem_size, cutlass::KernelHardwareInfo hw_info,
-                                        ClusterShape const& cluster_shape, TileShape const& tile_shape) {
-    if (hw_info.sm_count <= 0) {
-      hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
-    }
-    const int num_m_blocks =
-        cutlass::round_up(cute::ceil_div(cute::size<2>(problem_size), cute::size<0>(tile_shape)), cute::size<0>(cluster_shape));
-    const int num_blocks = num_m_blocks * cute::size<0>(problem_size) * cute::size<1>(problem_size);
-    return Params{num_blocks, num_m_blocks, {cute::size<1>(problem_size)}, {cute::size<0>(problem_size)}, hw_info};
-  }
-
-  static dim3 get_grid_shape(Params const& p) { return dim3(std::min(p.num_blocks, p.hw_info.sm_count), 1, 1); }
-
-  CUTLASS_DEVICE
-  bool is_valid() { return block_idx < params.num_blocks; }
+// CUTLASS's persistent scheduler with only the tile decode changed (its Params, grid and
+// stepping as they are).
+struct CausalHeaviestFirstScheduler : cutlass::fmha::kernel::PersistentTileScheduler {
+  using Base = cutlass::fmha::kernel::PersistentTileScheduler;
+  using Base::Base;
 
   CUTLASS_DEVICE
   auto get_block_coord() {
     int rest = block_idx, bidh, bidb;
     params.divmod_h(rest, bidh, rest);  // rest = idx / heads, bidh = idx % heads
     params.divmod_b(rest, bidb, rest);  // rest = the query tile, counted from the last
-    return cute::make_coord(params.num_m_blocks - 1 - rest, cute::_0{}, cute::make_coord(bidb, bidh));
+    const int num_m_blocks = params.divmod_m_block.divisor;
+    return cute::make_coord(num_m_blocks - 1 - rest, cute::_0{}, cute::make_coord(bidb, bidh));
   }
 
   CUTLASS_DEVICE
   CausalHeaviestFirstScheduler& operator++() {
-    block_idx += gridDim.x;
+    Base::operator++();
     return *this;
   }
 };
