@@ -161,16 +161,21 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   RealizeResult r;
   // --configs: names only, checked before any work (whether a pattern can use one is its own
   // business: see realize::candidates).
-  std::vector<std::string> configs;
+  std::vector<std::string> configs, attention_configs;
   for (const auto& raw : opt.configs) {
     const auto first = raw.find_first_not_of(" \t"), last = raw.find_last_not_of(" \t");
     if (first == std::string::npos) continue;
     const auto name = raw.substr(first, last - first + 1);
+    if (realize::AttentionConfig::is_name(name)) {
+      attention_configs.push_back(name);
+      continue;
+    }
     if (!realize::GemmConfig::is_name(name)) {
       throw UserError("--configs: '" + name +
-                      "' is not a GEMM config name; names look like t128x256x64_c2x1_coop_tmacoop_sauto_persistent "
-                      "(tile, cluster, kernel and epilogue schedule, stages, tile scheduler; see "
-                      "candidates/pattern-N.json of a realize run)");
+                      "' is not a config name; names look like t128x256x64_c2x1_coop_tmacoop_sauto_persistent "
+                      "(GEMM: tile, cluster, kernel and epilogue schedule, stages, tile scheduler) or "
+                      "q128kv128_pp_s5 (attention: tiles, schedule, K/V stages); see candidates/pattern-N.json "
+                      "of a realize run");
     }
     configs.push_back(name);
   }
@@ -246,9 +251,10 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       // against PyTorch's scaled_dot_product_attention.
       try {
         const auto spec = realize::AttentionSpec::from_pattern(pattern);
-        const auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"],
-                                                         opt.discover.arch, opt.candidates, reg ? &*reg : nullptr,
-                                                         r.plan["float32_matmul_precision"]);
+        auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"], opt.discover.arch,
+                                                   attention_configs.empty() ? opt.candidates : 0,
+                                                   reg ? &*reg : nullptr, r.plan["float32_matmul_precision"]);
+        if (!attention_configs.empty()) realize::keep_named(cands, attention_configs);
         write_text_file(candidates_file(i), cands.to_json().dump(2));
         for (const auto& ranked : cands.ranked) {
           add_kernel(i, realize::emit_attention(spec, ranked.config), ranked.config.to_json());

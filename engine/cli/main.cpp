@@ -42,8 +42,8 @@ int run(int argc, char** argv) {
   realize->add_option("--registry", ropt.discover.registry_path, "pattern registry (SQLite)");
   realize->add_option("--candidates", ropt.candidates, "configs compiled per pattern")->check(CLI::PositiveNumber);
   realize->add_option("--configs", ropt.configs,
-                      "compile exactly these configs (names as in candidates/pattern-N.json) for every GEMM "
-                      "pattern they fit, instead of the ranked top N")
+                      "compile exactly these configs (names as in candidates/pattern-N.json) for every GEMM or "
+                      "attention pattern of their family they fit, instead of the ranked top N")
       ->delimiter(',');
   realize->add_option("--cutlass-dir", ropt.cutlass_dir, "CUTLASS source tree (default: $CUTLASS_DIR)");
   realize->add_option("--nvcc", ropt.nvcc, "nvcc to use");

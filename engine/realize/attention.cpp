@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "ir/error.h"
@@ -108,9 +109,17 @@ std::string AttentionConfig::name() const {
   std::string n = "q" + std::to_string(block_q) + "kv" + std::to_string(block_kv) + "_" +
                   (schedule == "pingpong" ? "pp" : "coop") + "_s" + std::to_string(stages_kv);
   if (mma_warpgroups != 2) n += "_wg" + std::to_string(mma_warpgroups);
+  if (stages_q != mma_warpgroups) n += "_q" + std::to_string(stages_q);
   if (mainloop_locked) n += "_locked";
+  if (overlap) n += "_ov";
   if (!math.empty()) n += "_" + math;
   return n;
+}
+
+bool AttentionConfig::is_name(const std::string& text) {
+  static const std::regex shape(
+      "q[0-9]+kv[0-9]+_((pp|coop)_s[0-9]+(_wg[0-9]+)?(_q[0-9]+)?(_locked)?(_ov)?(_tf32)?|ms_(tf32|3xtf32))");
+  return std::regex_match(text, shape);
 }
 
 json AttentionConfig::to_json() const {
@@ -120,6 +129,8 @@ json AttentionConfig::to_json() const {
   json j = {{"name", name()},         {"block_q", block_q},       {"block_kv", block_kv},
             {"schedule", schedule},   {"stages_kv", stages_kv},   {"mma_warpgroups", mma_warpgroups},
             {"mainloop_locked", mainloop_locked}};
+  if (stages_q != mma_warpgroups) j["stages_q"] = stages_q;
+  if (overlap) j["overlap"] = true;
   if (!math.empty()) j["math"] = math;
   return j;
 }
@@ -127,7 +138,7 @@ json AttentionConfig::to_json() const {
 int64_t attention_smem_bytes(const AttentionSpec& spec, const AttentionConfig& c) {
   FACT_CHECK(!c.sm80(), "attention_smem_bytes is the Hopper collective's");
   const int64_t bytes = dtype_size(spec.dtype);
-  const int64_t q = static_cast<int64_t>(c.block_q) * spec.kernel_head_dim;  // one stage per MMA warp group
+  const int64_t q = static_cast<int64_t>(c.stages_q) * 64 * spec.kernel_head_dim;  // 64 rows a stage
   const int64_t kv = static_cast<int64_t>(c.stages_kv) * c.block_kv * spec.kernel_head_dim;
   // The budget reserves one epilogue buffer (64 rows x up to 64 columns of the output a warp
   // group, and its barriers); the persistent (ping-pong) kernel keeps one per MMA warp group.
@@ -154,12 +165,23 @@ std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCand
   for (const char* schedule : {"cooperative", "pingpong"}) {
     for (int block_kv : {128, 64}) {
       for (int stages : {5, 4, 3}) {
-        AttentionConfig c;
-        c.schedule = schedule;
-        c.block_kv = block_kv;
-        c.stages_kv = stages;
-        c.math = math;
-        space.push_back(c);
+        // The persistent kernel's knobs: its warp groups' own GEMMs overlapped, and the next
+        // tile's Q loaded during this one (the cooperative kernel runs one tile a CTA; there the
+        // overlapped mainloop measured 3 % slower at both bf16 shapes).
+        const bool persistent = std::string(schedule) == "pingpong";
+        for (bool overlap : {true, false}) {
+          for (int stages_q : {2, 4}) {
+            if (!persistent && (overlap || stages_q != 2)) continue;
+            AttentionConfig c;
+            c.schedule = schedule;
+            c.block_kv = block_kv;
+            c.stages_kv = stages;
+            c.stages_q = stages_q;
+            c.overlap = overlap;
+            c.math = math;
+            space.push_back(c);
+          }
+        }
       }
     }
   }
@@ -185,7 +207,10 @@ std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCand
   // the cooperative kernel's 0.236 ms at the MiniGPT shape, 0.259 against 0.287 at Llama's; TF32
   // not measured since); the cooperative kernel otherwise; larger K/V tiles and deeper pipelines
   // first. In TF32, where a 128-key tile leaves room for three stages only, the pipeline's depth
-  // first (64 keys x 5 stages ran 14 % faster than 128 x 3 at the MiniGPT shape).
+  // first (64 keys x 5 stages ran 14 % faster than 128 x 3 at the MiniGPT shape). Within equal
+  // depths, the persistent kernel's overlapped mainloop and second tile's Q first (both: 0.1935
+  // against 0.1986 ms at the MiniGPT shape, each alone 0.197; at Llama's, where 128 keys x 5
+  // stages leave no room for the second Q, the overlapped mainloop 0.261 against 0.259).
   const bool pingpong_first = (spec.causal && math.empty()) || spec.seq_k >= 1024;
   auto prior = [&](const AttentionConfig& c) {
     int score = 0;
@@ -193,6 +218,7 @@ std::vector<AttentionConfig> sm90_space(const AttentionSpec& spec, AttentionCand
     score += (c.block_kv == 128) == math.empty() ? 0 : 40;
     score += (5 - c.stages_kv) * 15;
     score += c.mainloop_locked ? 30 : 0;
+    score -= (c.overlap ? 5 : 0) + (c.stages_q > c.mma_warpgroups ? 5 : 0);
     return score;
   };
   std::stable_sort(kept.begin(), kept.end(),
@@ -304,6 +330,29 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   return out;
 }
 
+void keep_named(AttentionCandidates& cands, const std::vector<std::string>& names) {
+  const std::set<std::string> wanted(names.begin(), names.end());
+  std::vector<RankedAttention> kept;
+  for (const auto& r : cands.ranked) {
+    if (wanted.count(r.config.name())) kept.push_back(r);
+  }
+  if (kept.empty()) {
+    std::set<std::string> found;
+    std::string why;
+    for (const auto& d : cands.dropped) {
+      const std::string name = d["config"].value("name", "");
+      if (!wanted.count(name)) continue;
+      found.insert(name);
+      why += (why.empty() ? "" : "; ") + name + ": " + d["reason"].get<std::string>();
+    }
+    for (const auto& name : wanted) {
+      if (!found.count(name)) why += (why.empty() ? "" : "; ") + name + ": not in this pattern's configuration space";
+    }
+    throw NotSupported("none of the configs asked for (--configs) fits this attention: " + why);
+  }
+  cands.ranked = std::move(kept);
+}
+
 namespace {
 
 std::string kernel_name(const AttentionSpec& spec, const AttentionConfig& c) {
@@ -331,6 +380,9 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
   FACT_CHECK(c.math == (tf32 ? "tf32" : ""), "Hopper's FMHA runs bf16 / f16, or f32 in TF32 (math '" + c.math + "')");
   FACT_CHECK(c.schedule == "cooperative" || c.schedule == "pingpong", "bad attention schedule " + c.schedule);
   FACT_CHECK(c.block_q == 64 * c.mma_warpgroups, "block_q must be 64 rows per MMA warp group");
+  FACT_CHECK(!(c.overlap && c.mainloop_locked), "the overlapped mainloop has no locked form");
+  FACT_CHECK(c.stages_q % c.mma_warpgroups == 0 && c.stages_q >= c.mma_warpgroups,
+             "Q stages must be whole tiles (a multiple of the MMA warp groups)");
   EmittedKernel k;
   k.name = kernel_name(spec, c);
   json info = kernel_info(spec, c);
@@ -350,8 +402,11 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
       {"block_kv", std::to_string(c.block_kv)},
       {"head_dim", std::to_string(spec.kernel_head_dim)},
       {"stages_kv", std::to_string(c.stages_kv)},
+      {"stages_q", std::to_string(c.stages_q)},
       {"mma_warpgroups", std::to_string(c.mma_warpgroups)},
       {"mainloop_locked", c.mainloop_locked ? "cute::true_type" : "cute::false_type"},
+      {"overlap", c.overlap ? "true" : "false"},
+      {"overlap_note", c.overlap ? ", each warp group's softmax overlapping its own P @ V" : ""},
       {"schedule", c.schedule},
       // Keys past seq_k are zero-filled by TMA: the causal mask hides them (seq_q <= seq_k), the
       // residual fusion masks them in the last K/V tile otherwise.

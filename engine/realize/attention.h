@@ -53,13 +53,20 @@ struct AttentionConfig {
   // multistage (the sm80 kernel: cp.async pipelines, mma.sync)
   std::string schedule = "cooperative";
   int stages_kv = 5;   // Hopper only
+  // Hopper: Q buffers of 64 rows, one per MMA warp group and tile; with two tiles' worth the
+  // persistent kernel loads its next tile's Q while this one runs
+  int stages_q = 2;
   int mma_warpgroups = 2;  // Hopper only
   bool mainloop_locked = false;  // Hopper: the MMA warp groups issue their GEMMs in turn
+  // Hopper: each MMA warp group's softmax overlaps its own P @ V (FlashAttention-3's two stages)
+  bool overlap = false;
   // f32 only: tf32 (one TF32 MMA per product; Hopper or sm80) | 3xtf32 (sm80, fp32-accurate)
   std::string math;
   bool sm80() const { return schedule == "multistage"; }  // the sm80 kernel's config, else Hopper's
   std::string name() const;
   nlohmann::json to_json() const;
+  // Whether `text` has the form of a config name (for --configs).
+  static bool is_name(const std::string& text);
 };
 
 // Shared memory the collective needs for a config (Q stages + K/V stages, and the persistent
@@ -85,6 +92,10 @@ struct AttentionCandidates {
 AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
                                          const nlohmann::json& problem, const std::string& arch, size_t top_n,
                                          const registry::Registry* reg, const std::string& precision = "highest");
+
+// --configs: keeps the ranked configs named in `names`, in rank order; throws NotSupported
+// naming each and why (dropped with its reason, or not in the space) when none is left.
+void keep_named(AttentionCandidates& cands, const std::vector<std::string>& names);
 
 // The kernel for a spec and config: Hopper's FMHA for 16-bit specs, the sm80 kernel for f32.
 EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config);

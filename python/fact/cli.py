@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         "--configs",
         metavar="NAME,...",
         help="compile exactly these configs (names as in candidates/pattern-N.json, e.g. "
-        "t128x256x64_c2x1_coop_tmacoop_sauto_persistent) for every GEMM pattern they fit, "
+        "t128x256x64_c2x1_coop_tmacoop_sauto_persistent or q128kv128_pp_s5) for every GEMM or "
+        "attention pattern of their family they fit, "
         "instead of the ranked top N",
     )
     realize.add_argument("--jobs", type=int, metavar="N", help="parallel compiles (default: cores)")

@@ -59,12 +59,20 @@ TEST(EmitAttention, CausalBf16HeadDim96) {
   EXPECT_EQ(spec.kernel_head_dim, 96);  // native, not padded to 128
   const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
   ASSERT_GE(cands.ranked.size(), 4u);
-  // Causal: the persistent ping-pong kernel first, its tiles heaviest first.
-  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5");
+  // Causal: the persistent ping-pong kernel first, its tiles heaviest first, its warp groups'
+  // GEMMs overlapped and its next tile's Q loaded during this one.
+  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5_q4_ov");
   EXPECT_EQ(cands.ranked[0].why, "prior");
   const auto pp = emit_attention_sm90(spec, cands.ranked[0].config);
   EXPECT_NE(pp.source.find("std::conditional_t<kCausal, CausalHeaviestFirstScheduler"), std::string::npos);
   EXPECT_NE(pp.source.find("constexpr bool kPersistent = true;"), std::string::npos);
+  EXPECT_NE(pp.source.find("constexpr bool kOverlap = true;"), std::string::npos);
+  EXPECT_NE(pp.source.find("Tag::kStagesQ, Int<4>>"), std::string::npos);
+  expect_golden(pp, "attention_bf16_causal_d96_pp_q4_ov.cu");
+  // The cooperative kernel runs one tile a CTA: no overlapped mainloop or second Q there.
+  for (const auto& r : cands.ranked) {
+    if (r.config.schedule == "cooperative") EXPECT_TRUE(!r.config.overlap && r.config.stages_q == 2) << r.config.name();
+  }
   const auto coop = std::find_if(cands.ranked.begin(), cands.ranked.end(),
                                  [](const auto& r) { return r.config.name() == "q128kv128_coop_s5"; });
   ASSERT_NE(coop, cands.ranked.end());
@@ -78,7 +86,8 @@ TEST(EmitAttention, CausalBf16HeadDim96) {
 TEST(EmitAttention, NonCausalF16PingPongMasksTheLastKeyTile) {
   const auto spec = AttentionSpec::from_pattern(attention_pattern("f16", false, 128, 32, 8, 2048));
   const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
-  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5");  // long sequence: ping-pong first
+  // long sequence: ping-pong first (128 keys x 5 stages leave no room for a second Q at head dim 128)
+  EXPECT_EQ(cands.ranked[0].config.name(), "q128kv128_pp_s5_ov");
   const auto k = emit_attention_sm90(spec, cands.ranked[0].config);
   EXPECT_NE(k.source.find("cutlass::fmha::collective::ResidualFusion"), std::string::npos);
   EXPECT_NE(k.source.find("constexpr bool kPersistent = true;"), std::string::npos);  // the ping-pong kernel
@@ -97,7 +106,7 @@ TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
   // cooperative for a short sequence, the deepest pipeline first; PyTorch's sm80 tile for head
   // dims above 64). 16 sm80 warps and TF32 tiles beyond shared memory are dropped.
   const auto ranked = names(high);
-  ASSERT_EQ(ranked.size(), 14u);
+  ASSERT_EQ(ranked.size(), 22u);
   EXPECT_EQ(std::vector<std::string>(ranked.begin(), ranked.begin() + 4),
             (std::vector<std::string>{"q128kv64_coop_s5_tf32", "q32kv128_ms_tf32", "q128kv64_coop_s4_tf32",
                                       "q64kv128_ms_tf32"}));
@@ -110,8 +119,19 @@ TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
                          "q128kv128_coop_s5_tf32: shared memory: 288 KiB > 211 KiB",
                          "q128kv128_coop_s4_tf32: shared memory: 240 KiB > 211 KiB",
                          // the persistent kernel's second epilogue buffer: 64 x 64 fp32 outputs
+                         "q128kv128_pp_s5_ov_tf32: shared memory: 305 KiB > 211 KiB",
+                         // and a second tile's Q: 2 x 64 x 96 fp32
+                         "q128kv128_pp_s5_q4_ov_tf32: shared memory: 353 KiB > 211 KiB",
                          "q128kv128_pp_s5_tf32: shared memory: 305 KiB > 211 KiB",
-                         "q128kv128_pp_s4_tf32: shared memory: 257 KiB > 211 KiB"}))
+                         "q128kv128_pp_s5_q4_tf32: shared memory: 353 KiB > 211 KiB",
+                         "q128kv128_pp_s4_ov_tf32: shared memory: 257 KiB > 211 KiB",
+                         "q128kv128_pp_s4_q4_ov_tf32: shared memory: 305 KiB > 211 KiB",
+                         "q128kv128_pp_s4_tf32: shared memory: 257 KiB > 211 KiB",
+                         "q128kv128_pp_s4_q4_tf32: shared memory: 305 KiB > 211 KiB",
+                         "q128kv128_pp_s3_q4_ov_tf32: shared memory: 257 KiB > 211 KiB",
+                         "q128kv128_pp_s3_q4_tf32: shared memory: 257 KiB > 211 KiB",
+                         "q128kv64_pp_s5_q4_ov_tf32: shared memory: 233 KiB > 211 KiB",
+                         "q128kv64_pp_s5_q4_tf32: shared memory: 233 KiB > 211 KiB"}))
       << high.dropped.dump(1);
   EXPECT_EQ(names(attention_candidates(spec, "sig", json::object(), "sm90", 2, nullptr, "medium")),
             (std::vector<std::string>{"q128kv64_coop_s5_tf32", "q32kv128_ms_tf32"}));
@@ -186,9 +206,12 @@ TEST(EmitAttention, ConfigsThatDoNotFitSharedMemoryAreDroppedWithAReason) {
   ASSERT_FALSE(cands.dropped.empty());
   for (const auto& d : cands.dropped) {
     EXPECT_NE(d["reason"].get<std::string>().find("shared memory"), std::string::npos) << d.dump();
-    EXPECT_GT(attention_smem_bytes(spec, {128, d["config"]["block_kv"], d["config"]["schedule"],
-                                          d["config"]["stages_kv"], 2, false}),
-              190 * 1024);
+    AttentionConfig c;
+    c.block_kv = d["config"]["block_kv"];
+    c.schedule = d["config"]["schedule"];
+    c.stages_kv = d["config"]["stages_kv"];
+    c.stages_q = d["config"].value("stages_q", 2);
+    EXPECT_GT(attention_smem_bytes(spec, c), 211 * 1024) << d.dump();
   }
   for (const auto& r : cands.ranked) EXPECT_LE(attention_smem_bytes(spec, r.config), 211 * 1024) << r.config.name();
   EXPECT_FALSE(cands.ranked.empty());  // 64-key tiles with fewer stages still fit
@@ -227,7 +250,7 @@ TEST(EmitAttention, RegistryMeasurementsRankFirst) {
   EXPECT_NE(cands.ranked[0].why.find("registry: 250.0 us"), std::string::npos) << cands.ranked[0].why;
   EXPECT_EQ(names(cands)[1], "q128kv64_coop_s5");  // batch 8 vs 4: nearest
   EXPECT_NE(cands.ranked[1].why.find("nearest"), std::string::npos) << cands.ranked[1].why;
-  EXPECT_EQ(names(cands)[2], "q128kv128_pp_s5");  // then the prior; the far row is ignored
+  EXPECT_EQ(names(cands)[2], "q128kv128_pp_s5_q4_ov");  // then the prior; the far row is ignored
 }
 
 TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
@@ -319,4 +342,27 @@ TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
 }
 
 }  // namespace
+TEST(EmitAttention, ConfigsByNameKeepRankOrderAndSayWhyNoneFits) {
+  const auto spec = AttentionSpec::from_pattern(attention_pattern("bf16", true, 128));
+  for (const auto& r : attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr).ranked) {
+    EXPECT_TRUE(AttentionConfig::is_name(r.config.name())) << r.config.name();  // so --configs can name it
+  }
+  EXPECT_TRUE(AttentionConfig::is_name("q32kv128_ms_3xtf32"));
+  EXPECT_FALSE(AttentionConfig::is_name("t128x128x64_c1x1_coop_tmacoop_sauto_persistent"));
+  EXPECT_FALSE(AttentionConfig::is_name("q128kv128_pp"));
+  auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
+  keep_named(cands, {"q128kv128_pp_s3", "q128kv128_pp_s5_ov", "q128kv128_pp_s5_q4_ov"});
+  EXPECT_EQ(names(cands), (std::vector<std::string>{"q128kv128_pp_s5_ov", "q128kv128_pp_s3"}));  // rank order
+  auto none = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
+  try {
+    keep_named(none, {"q128kv128_pp_s5_q4_ov", "q128kv128_coop_s5_q4"});
+    FAIL() << "expected NotSupported";
+  } catch (const NotSupported& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("q128kv128_pp_s5_q4_ov: shared memory: 233 KiB > 211 KiB"), std::string::npos) << what;
+    EXPECT_NE(what.find("q128kv128_coop_s5_q4: not in this pattern's configuration space"), std::string::npos)
+        << what;
+  }
+}
+
 }  // namespace fact::realize

@@ -501,6 +501,6 @@ def test_realize_configs_names_the_unknown_config(engine_available, tmp_path):
         env={**__import__("os").environ, "FACT_CACHE_DIR": str(tmp_path / "cache")},
     )  # fmt: skip
     assert res.returncode != 0
-    assert "'t128x128x64_c9x9' is not a GEMM config name" in res.stderr, res.stderr
+    assert "'t128x128x64_c9x9' is not a config name" in res.stderr, res.stderr
     assert "candidates/pattern-N.json" in res.stderr
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())

@@ -2,7 +2,8 @@
 // Kernel fact_attention_bf16_causal_d96_affa6865b0_q128kv128_coop_s5:
 // CUTLASS's Hopper fused multi-head attention (examples/88_hopper_fmha: TMA loads,
 // warp-specialized WGMMA, online softmax in registers), cooperative schedule, tile
-// 128 queries x 128 keys x head dim 96, 5 K/V stages; bf16 MMAs, fp32 accumulation.
+// 128 queries x 128 keys x head dim 96, 5 K/V stages and
+// 2 Q stages of 64 rows; bf16 MMAs, fp32 accumulation.
 // Q, K, V and O are read and written through their own strides; grouped-query attention runs
 // one launch per query head of a group (each reads its K/V heads in place), the launches side
 // by side on streams forked from the caller's, so one launch's tail overlaps the others.
@@ -85,12 +86,14 @@ using StrideV = std::conditional_t<kTransposeV, cute::tuple<_1, int, cute::tuple
 using Fusion = cutlass::fmha::collective::CausalFusion;
 constexpr bool kCausal = true;
 constexpr bool kPersistent = false;  // the ping-pong schedule: persistent, Q loaded apart
+constexpr bool kOverlap = false;  // each warp group's softmax overlaps its own P @ V
 constexpr int kHeadDim = 96;
 constexpr int kAlignment = 16 / sizeof(Element);
 
 // FmhaBuilder's cooperative assembly, with the output in its own type (a TF32 kernel writes fp32).
 using Options = cute::tuple<
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, Int<5>>,
+    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesQ, Int<2>>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kNumMmaWarpGroups, Int<2>>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsMainloopLocked, cute::false_type>,
     cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kIsPersistent, cute::bool_constant<kPersistent>>,
@@ -124,12 +127,178 @@ struct CausalHeaviestFirstScheduler : cutlass::fmha::kernel::PersistentTileSched
   }
 };
 
+// The MMA warp groups' mainloop with each warp group's own GEMMs overlapped.
+// CUTLASS's mainloop runs, per K/V tile, S = Q K^T, waits for it, softmax, then issues O += P V
+// and waits for that with the next S: a warp group's tensor-core work and its softmax never
+// overlap, only the other warp group fills the gap. Here, per K/V tile j, a warp group issues
+// S_j = Q K_j^T and then O += P_j-1 V_j-1, takes the softmax of S_j while the second GEMM runs,
+// and rescales O once that is in (the two-stage pipeline of FlashAttention-3). P_j-1 stays in
+// registers while its GEMM reads them; S_j needs its own. The softmax keeps CUTLASS's state (row
+// maxima unscaled, partial row sums per thread) and its tail, so the epilogue and the LSE are
+// the same.
+template <class Base, class FusionT>
+struct OverlappedMainloop : Base {
+  template <class BlkCoord, class ProblemShape, class PipelineReducer, class StateReducer, class OrderBarrier>
+  CUTLASS_DEVICE auto compute(BlkCoord const& blk_coord, BlkCoord const& wg_coord, typename Base::Params const& params,
+                              ProblemShape const& problem_size, typename Base::MainloopPipeline& pipeline,
+                              typename Base::PipelineState& smem_pipe_read,
+                              typename Base::MainloopPipelineQ& pipeline_q,
+                              typename Base::PipelineStateQ& smem_pipe_read_q, PipelineReducer&, StateReducer&,
+                              typename Base::SharedStorage& storage, OrderBarrier& math_wg_order_barrier) {
+    using TileShapeQK = typename Base::TileShapeQK;
+    using TiledMmaPV = typename Base::TiledMmaPV;
+    static_assert(std::is_same_v<typename Base::ElementAccumulatorQK, float>);
+    const int thread_idx = int(threadIdx.x);
+
+    typename Base::TiledMmaQK tiled_mma_qk;
+    auto thr_mma_qk = tiled_mma_qk.get_thread_slice(thread_idx);
+    Tensor sQ = make_tensor(make_smem_ptr(storage.smem_q.data()), typename Base::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(storage.smem_k.data()), typename Base::SmemLayoutK{});
+    Tensor tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ));
+    Tensor tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK));
+    TiledMmaPV tiled_mma_pv;
+    auto thr_mma_pv = tiled_mma_pv.get_thread_slice(thread_idx);
+    Tensor sV = make_tensor(make_smem_ptr(storage.smem_v.data()), typename Base::SmemLayoutV{});
+    Tensor tOrV = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sV));
+
+    const int unmasked = FusionT{}.get_unmasked_trip_count(blk_coord, typename Base::TileShape{}, problem_size);
+    const int trips = unmasked + FusionT{}.get_masked_trip_count(blk_coord, typename Base::TileShape{}, problem_size);
+
+    // the scores' coordinates, for the mask
+    Tensor cP = make_identity_tensor(take<0, 2>(TileShapeQK{}));
+    Tensor tPcP = thr_mma_qk.partition_C(cP);
+    const int m_block = get<0>(wg_coord);  // unsigned in the non-persistent scheduler's coordinates
+    tPcP.data() = tPcP.data() + E<0>{} * m_block * get<0>(TileShapeQK{});
+
+    Tensor acc_qk = partition_fragment_C(tiled_mma_qk, take<0, 2>(TileShapeQK{}));
+    Tensor acc_pv = partition_fragment_C(tiled_mma_pv, take<0, 2>(typename Base::TileShapePV{}));
+    Tensor acc_qk_mn = make_tensor(acc_qk.data(), cutlass::fmha::collective::layout_acc_mn(tiled_mma_qk, acc_qk.layout()));
+    Tensor acc_pv_mn = make_tensor(acc_pv.data(), cutlass::fmha::collective::layout_acc_mn(tiled_mma_pv, acc_pv.layout()));
+    constexpr int kRows = decltype(size<0>(acc_qk_mn))::value;  // a thread's rows of the tile
+    static_assert(kRows == decltype(size<0>(acc_pv_mn))::value);
+    auto reduction = cutlass::fmha::collective::reduction_target_n(tiled_mma_qk);  // the threads sharing a row
+    constexpr int kReductionRank = decltype(rank(reduction))::value;
+
+    cutlass::fmha::collective::CollectiveSoftmax<float, FusionT, typename Base::Params> softmax{params};
+    auto state = softmax.init(acc_pv, tiled_mma_pv);
+    auto& s_max = get<0>(state);
+    auto& a_sum = get<1>(state);
+    const float scale = params.scale_softmax_log2;
+    float rescale[kRows];
+    // acc_qk -> unnormalized probabilities against the running row maxima; the factor the
+    // earlier output rows must be scaled by goes to `rescale`
+    auto softmax_step = [&](bool first) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const float before = first ? -INFINITY : s_max(i);
+        float m = before;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size<1>(acc_qk_mn); ++j) m = ::max(m, acc_qk_mn(i, j));
+        for_each(make_seq<kReductionRank>{}, [&](auto r) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 1; k < shape<r>(reduction); k *= 2) {
+            m = ::max(m, __shfl_xor_sync(uint32_t(-1), m, stride<r>(reduction) * k));
+          }
+        });
+        s_max(i) = m;
+        const float scaled_max = scale * (m == -INFINITY ? 0.f : m);  // a row masked so far stays 0
+        rescale[i] = first ? 0.f : ::exp2f(scale * before - scaled_max);
+        float sum = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size<1>(acc_qk_mn); ++j) {
+          acc_qk_mn(i, j) = ::exp2f(scale * acc_qk_mn(i, j) - scaled_max);
+          sum += acc_qk_mn(i, j);
+        }
+        a_sum(i) = first ? sum : a_sum(i) * rescale[i] + sum;
+      }
+    };
+
+    typename Base::PipelineState smem_pipe_release = smem_pipe_read;
+    pipeline_q.consumer_wait(smem_pipe_read_q);
+    const int q_stage = smem_pipe_read_q.index();
+
+    // S_0 = Q K_0^T, the warp groups in turn (their GEMMs then stay staggered)
+    pipeline.consumer_wait(smem_pipe_read);
+    math_wg_order_barrier.wait();
+    warpgroup_fence_operand(acc_qk);
+    warpgroup_arrive();
+    cutlass::fmha::collective::gemm_zero_acc(tiled_mma_qk, tSrQ(_, _, _, q_stage), tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+    warpgroup_commit_batch();
+    math_wg_order_barrier.arrive();
+    ++smem_pipe_read;  // V_0
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_qk);
+    pipeline.consumer_release(smem_pipe_release);  // K_0
+    ++smem_pipe_release;
+    FusionT{}.before_softmax(acc_qk, tPcP, problem_size);
+    softmax_step(true);
+    auto p = cutlass::fmha::collective::make_acc_into_op<typename Base::Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
+
+    clear(acc_pv);
+    tiled_mma_pv.accumulate_ = GMMA::ScaleOut::One;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int j = 1; j < trips; ++j) {
+      typename Base::PipelineState v_prev = smem_pipe_read;  // V_j-1
+      ++smem_pipe_read;                                      // K_j
+      pipeline.consumer_wait(smem_pipe_read);
+      warpgroup_fence_operand(acc_qk);
+      warpgroup_arrive();
+      cutlass::fmha::collective::gemm_zero_acc(tiled_mma_qk, tSrQ(_, _, _, q_stage), tSrK(_, _, _, smem_pipe_read.index()), acc_qk);
+      warpgroup_commit_batch();
+      pipeline.consumer_wait(v_prev);
+      warpgroup_fence_operand(acc_pv);
+      warpgroup_fence_operand(p);
+      warpgroup_arrive();
+      cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, v_prev.index()), acc_pv);
+      warpgroup_commit_batch();
+      ++smem_pipe_read;  // V_j
+
+      warpgroup_wait<1>();  // S_j is in, O += P_j-1 V_j-1 still running
+      warpgroup_fence_operand(acc_qk);
+      tPcP.data() = tPcP.data() + E<1>{} * get<1>(TileShapeQK{});
+      if (j >= unmasked) FusionT{}.before_softmax(acc_qk, tPcP, problem_size);
+      softmax_step(false);
+
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_pv);
+      warpgroup_fence_operand(p);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < size<1>(acc_pv_mn); ++k) acc_pv_mn(i, k) *= rescale[i];
+      }
+      pipeline.consumer_release(smem_pipe_release);  // V_j-1
+      ++smem_pipe_release;
+      pipeline.consumer_release(smem_pipe_release);  // K_j
+      ++smem_pipe_release;
+      p = cutlass::fmha::collective::make_acc_into_op<typename Base::Element>(acc_qk, typename TiledMmaPV::LayoutA_TV{});
+    }
+
+    // O += P_last V_last
+    pipeline.consumer_wait(smem_pipe_read);
+    warpgroup_fence_operand(acc_pv);
+    warpgroup_fence_operand(p);
+    warpgroup_arrive();
+    cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, smem_pipe_read.index()), acc_pv);
+    warpgroup_commit_batch();
+    if constexpr (Base::kIsPersistent) pipeline_q.consumer_release(smem_pipe_read_q);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_pv);
+    if constexpr (Base::kIsPersistent) pipeline.consumer_release(smem_pipe_release);  // V_last
+    ++smem_pipe_read;
+
+    Tensor lse = softmax.tail(state, acc_pv, tiled_mma_pv);
+    return make_tuple(acc_pv, lse);
+  }
+};
+
 template <class... O>
 struct Assemble;
 template <class... O>
 struct Assemble<cute::tuple<O...>> {
-  using Mainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
+  using CutlassMainloop = cutlass::fmha::collective::FmhaMainloopTmaWarpSpecialized<
       ElementMma, Accumulator, Accumulator, TileShape, StrideQKVO, StrideQKVO, StrideV, Fusion, O...>;
+  using Mainloop = std::conditional_t<kOverlap, OverlappedMainloop<CutlassMainloop, Fusion>, CutlassMainloop>;
   using Epilogue = cutlass::fmha::collective::FmhaFwdEpilogue<Element, Accumulator, typename Mainloop::TileShapePV>;
   using Persistent = std::conditional_t<kCausal, CausalHeaviestFirstScheduler, cutlass::fmha::kernel::PersistentTileScheduler>;
   using Scheduler = std::conditional_t<kPersistent, Persistent, cutlass::fmha::kernel::IndividualTileScheduler>;
