@@ -341,7 +341,6 @@ TEST(EmitAttention, RefusesWhatTheKernelCannotCompute) {
                NotSupported);
 }
 
-}  // namespace
 TEST(EmitAttention, ConfigsByNameKeepRankOrderAndSayWhyNoneFits) {
   const auto spec = AttentionSpec::from_pattern(attention_pattern("bf16", true, 128));
   for (const auto& r : attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr).ranked) {
@@ -365,4 +364,5 @@ TEST(EmitAttention, ConfigsByNameKeepRankOrderAndSayWhyNoneFits) {
   }
 }
 
+}  // namespace
 }  // namespace fact::realize

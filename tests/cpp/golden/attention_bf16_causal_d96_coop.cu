@@ -148,6 +148,7 @@ struct OverlappedMainloop : Base {
     using TileShapeQK = typename Base::TileShapeQK;
     using TiledMmaPV = typename Base::TiledMmaPV;
     static_assert(std::is_same_v<typename Base::ElementAccumulatorQK, float>);
+    static_assert(!Base::kIsMainloopLocked, "the overlapped mainloop has no locked form");
     const int thread_idx = int(threadIdx.x);
 
     typename Base::TiledMmaQK tiled_mma_qk;
