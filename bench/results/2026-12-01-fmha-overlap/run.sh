@@ -17,3 +17,8 @@
 #
 # Call 3 (call3/): the attention GPU tests at the revision with the new prior order (28 passed):
 #   bash .device/run_h13c.sh        # call3/run.sh
+#
+# Call 4 (call4/), at the final revision: the MiniGPT block in bf16, cold kernel cache, seeded
+# registry. FACT 1.788 ms, torch.compile 2.649, eager 6.304; the attention pattern's FMHA (the
+# overlapped mainloop with the second Q) tied SDPA in context (0.190 ms each), SDPA kept:
+#   bash .device/run_h13d.sh        # call4/run.sh
