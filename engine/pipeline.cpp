@@ -251,10 +251,9 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       // against PyTorch's scaled_dot_product_attention.
       try {
         const auto spec = realize::AttentionSpec::from_pattern(pattern);
-        auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"], opt.discover.arch,
-                                                   attention_configs.empty() ? opt.candidates : 0,
-                                                   reg ? &*reg : nullptr, r.plan["float32_matmul_precision"]);
-        if (!attention_configs.empty()) realize::keep_named(cands, attention_configs);
+        const auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"],
+                                                         opt.discover.arch, opt.candidates, reg ? &*reg : nullptr,
+                                                         r.plan["float32_matmul_precision"], attention_configs);
         write_text_file(candidates_file(i), cands.to_json().dump(2));
         for (const auto& ranked : cands.ranked) {
           add_kernel(i, realize::emit_attention(spec, ranked.config), ranked.config.to_json());

@@ -268,11 +268,28 @@ std::vector<AttentionConfig> sm80_space(const AttentionSpec& spec, const std::st
   return kept;
 }
 
+// --configs: the ranked configs named in `names`, in rank order.
+std::vector<RankedAttention> named_configs(const std::vector<RankedAttention>& ranked, const json& dropped,
+                                           const std::vector<std::string>& names) {
+  const std::set<std::string> wanted(names.begin(), names.end());
+  std::vector<RankedAttention> kept;
+  for (const auto& r : ranked) {
+    if (wanted.count(r.config.name())) kept.push_back(r);
+  }
+  if (kept.empty()) {
+    std::vector<std::pair<std::string, std::string>> reasons;
+    for (const auto& d : dropped) reasons.emplace_back(d["config"].value("name", ""), d["reason"]);
+    refuse_named(wanted, reasons);
+  }
+  return kept;
+}
+
 }  // namespace
 
 AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
                                          const json& problem, const std::string& arch, size_t top_n,
-                                         const registry::Registry* reg, const std::string& precision) {
+                                         const registry::Registry* reg, const std::string& precision,
+                                         const std::vector<std::string>& only) {
   if (arch != "sm90") throw NotSupported("fused attention is emitted for sm90 only (asked for " + arch + ")");
   AttentionCandidates out;
   std::vector<AttentionConfig> kept = spec.f32() ? sm80_space(spec, precision, out) : sm90_space(spec, out);
@@ -314,6 +331,10 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   for (const auto& c : kept) {
     if (taken.insert(c.name()).second) ranked.push_back({c, "prior"});
   }
+  if (!only.empty()) {
+    out.ranked = named_configs(ranked, out.dropped, only);
+    return out;
+  }
   // Two kernels for one pattern (f32 in TF32): registry rows of one kernel must not crowd the
   // other out of a --candidates bound; its best ranked config takes the bound's last place.
   if (top_n > 1 && ranked.size() > top_n) {
@@ -328,29 +349,6 @@ AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::s
   if (top_n > 0 && ranked.size() > top_n) ranked.resize(top_n);
   out.ranked = std::move(ranked);
   return out;
-}
-
-void keep_named(AttentionCandidates& cands, const std::vector<std::string>& names) {
-  const std::set<std::string> wanted(names.begin(), names.end());
-  std::vector<RankedAttention> kept;
-  for (const auto& r : cands.ranked) {
-    if (wanted.count(r.config.name())) kept.push_back(r);
-  }
-  if (kept.empty()) {
-    std::set<std::string> found;
-    std::string why;
-    for (const auto& d : cands.dropped) {
-      const std::string name = d["config"].value("name", "");
-      if (!wanted.count(name)) continue;
-      found.insert(name);
-      why += (why.empty() ? "" : "; ") + name + ": " + d["reason"].get<std::string>();
-    }
-    for (const auto& name : wanted) {
-      if (!found.count(name)) why += (why.empty() ? "" : "; ") + name + ": not in this pattern's configuration space";
-    }
-    throw NotSupported("none of the configs asked for (--configs) fits this attention: " + why);
-  }
-  cands.ranked = std::move(kept);
 }
 
 namespace {

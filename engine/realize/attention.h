@@ -88,14 +88,14 @@ struct AttentionCandidates {
 // measured for this signature first (exact problem, then problems within a factor of 4 over all
 // sizes; fastest first), then the prior order (Hopper: cooperative first for short sequences,
 // ping-pong first for long ones; f32: PyTorch's own tile choice first). `precision` (the
-// float32 matmul precision: highest | high | medium) picks an f32 kernel's math.
+// float32 matmul precision: highest | high | medium) picks an f32 kernel's math. `only`
+// (--configs): exactly the ranked configs it names, in rank order, instead of the top N;
+// NotSupported naming each and why (dropped with its reason, or not in the space) when none is
+// left.
 AttentionCandidates attention_candidates(const AttentionSpec& spec, const std::string& signature,
                                          const nlohmann::json& problem, const std::string& arch, size_t top_n,
-                                         const registry::Registry* reg, const std::string& precision = "highest");
-
-// --configs: keeps the ranked configs named in `names`, in rank order; throws NotSupported
-// naming each and why (dropped with its reason, or not in the space) when none is left.
-void keep_named(AttentionCandidates& cands, const std::vector<std::string>& names);
+                                         const registry::Registry* reg, const std::string& precision = "highest",
+                                         const std::vector<std::string>& only = {});
 
 // The kernel for a spec and config: Hopper's FMHA for 16-bit specs, the sm80 kernel for f32.
 EmittedKernel emit_attention(const AttentionSpec& spec, const AttentionConfig& config);

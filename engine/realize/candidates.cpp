@@ -833,21 +833,16 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
 // space (another dtype's math, a stream-K variant its size does not list) and names the filter
 // dropped are left out; when that leaves nothing, the pattern is not supported with these configs.
 static std::vector<Ranked> named_configs(const std::vector<Ranked>& ranked, const std::vector<Dropped>& dropped,
-                                         const std::set<std::string>& listed, const std::vector<std::string>& names) {
+                                         const std::vector<std::string>& names) {
   const std::set<std::string> wanted(names.begin(), names.end());
   std::vector<Ranked> out;
   for (const auto& r : ranked) {
     if (wanted.count(r.config.name())) out.push_back(r);
   }
   if (out.empty()) {
-    std::vector<std::string> why;
-    for (const auto& d : dropped) {
-      if (wanted.count(d.config.name())) why.push_back(d.config.name() + ": " + d.reason);
-    }
-    for (const auto& name : wanted) {
-      if (!listed.count(name)) why.push_back(name + ": not in this pattern's configuration space");
-    }
-    throw NotSupported("none of the configs asked for (--configs) fits this problem: " + join(why));
+    std::vector<std::pair<std::string, std::string>> reasons;
+    for (const auto& d : dropped) reasons.emplace_back(d.config.name(), d.reason);
+    refuse_named(wanted, reasons);
   }
   return out;
 }
@@ -888,7 +883,7 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   out.kept = filtered.kept.size();
   auto ranked = rank_sm90(out.problem, filtered.kept, hits);
   if (!opt.only.empty()) {
-    out.ranked = named_configs(ranked, out.dropped, listed, opt.only);
+    out.ranked = named_configs(ranked, out.dropped, opt.only);
     return out;
   }
   // The top N covers distinct kernels first. Configs that differ only in cluster shape score

@@ -11,6 +11,21 @@
 
 namespace fact::realize {
 
+void refuse_named(const std::set<std::string>& names, const std::vector<std::pair<std::string, std::string>>& dropped) {
+  std::string why;
+  std::set<std::string> found;
+  auto add = [&](const std::string& line) { why += (why.empty() ? "" : "; ") + line; };
+  for (const auto& [name, reason] : dropped) {
+    if (!names.count(name)) continue;
+    found.insert(name);
+    add(name + ": " + reason);
+  }
+  for (const auto& name : names) {
+    if (!found.count(name)) add(name + ": not in this pattern's configuration space");
+  }
+  throw NotSupported("none of the configs asked for (--configs) fits this problem: " + why);
+}
+
 using nlohmann::json;
 
 std::string cutlass_element(const std::string& dtype) {

@@ -9,8 +9,10 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "realize/config.h"
@@ -21,6 +23,12 @@ namespace fact::realize {
 struct NotSupported : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// --configs named none of a pattern's usable configs: throws NotSupported listing each name
+// with the reason its config was dropped (`dropped`: name and reason, in filter order), or as not
+// in the pattern's configuration space.
+[[noreturn]] void refuse_named(const std::set<std::string>& names,
+                               const std::vector<std::pair<std::string, std::string>>& dropped);
 
 struct EpilogueOperand {
   std::string kind;   // row | col | scalar | full

@@ -349,12 +349,12 @@ TEST(EmitAttention, ConfigsByNameKeepRankOrderAndSayWhyNoneFits) {
   EXPECT_TRUE(AttentionConfig::is_name("q32kv128_ms_3xtf32"));
   EXPECT_FALSE(AttentionConfig::is_name("t128x128x64_c1x1_coop_tmacoop_sauto_persistent"));
   EXPECT_FALSE(AttentionConfig::is_name("q128kv128_pp"));
-  auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
-  keep_named(cands, {"q128kv128_pp_s3", "q128kv128_pp_s5_ov", "q128kv128_pp_s5_q4_ov"});
+  const auto cands = attention_candidates(spec, "sig", json::object(), "sm90", 1, nullptr, "highest",
+                                          {"q128kv128_pp_s3", "q128kv128_pp_s5_ov", "q128kv128_pp_s5_q4_ov"});
   EXPECT_EQ(names(cands), (std::vector<std::string>{"q128kv128_pp_s5_ov", "q128kv128_pp_s3"}));  // rank order
-  auto none = attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr);
   try {
-    keep_named(none, {"q128kv128_pp_s5_q4_ov", "q128kv128_coop_s5_q4"});
+    attention_candidates(spec, "sig", json::object(), "sm90", 0, nullptr, "highest",
+                         {"q128kv128_pp_s5_q4_ov", "q128kv128_coop_s5_q4"});
     FAIL() << "expected NotSupported";
   } catch (const NotSupported& e) {
     const std::string what = e.what();
