@@ -141,7 +141,7 @@ def sdpa_alone(pattern: dict, reps: int) -> dict:
     return {"kernel": "sdpa_alone", "disposition": "timed", "time_us": t}
 
 
-def bench_run(run: Path, reps: int) -> dict:
+def bench_run(run: Path, reps: int, module: bool = True) -> dict:
     plan = json.loads((run / "plan.json").read_text())
     entries, _ = harness.load_manifest(run)
     precision = plan["float32_matmul_precision"]
@@ -210,27 +210,29 @@ def bench_run(run: Path, reps: int) -> dict:
     )
     fact_total = sum(p["fact_us"] for p in patterns) if covered else None
     best = min((p for p in patterns if p["fact_us"]), key=lambda p: p["fact_us"], default=None)
-    # The module itself, eager and compiled, in this process and this run.
+    # The module itself, eager and compiled, in this process and this run (not with
+    # --kernels-only: comparisons of kernel variants skip torch.compile's minutes).
     torch.set_float32_matmul_precision(precision)
     dtype = {"bf16": "bf16", "f16": "fp16", "f32": "fp32"}[plan["dtype"]]
-    problem = load_problem(REPO / plan["source"], dtype)
-    model = problem.model.cuda()
-    inputs = [t.cuda() for t in problem.inputs]
-    with torch.no_grad():
-        eager_us = time_module(model, inputs, reps)
-        start = time.perf_counter()
-        compiled = torch.compile(model)
-        compiled(*inputs)
-        compile_s = time.perf_counter() - start
-        compiled_us = time_module(compiled, inputs, reps)
-        same = None
-        pattern = plan["patterns"][patterns[0]["index"]] if len(patterns) == 1 else None
-        if covered and pattern is not None and pattern["family"] == "gemm":
-            best_row = min(
-                (r for r in rows if r["disposition"] == "passed" and r["kernel"] != "pytorch"),
-                key=lambda r: r["time_us"],
-            )
-            same = same_inputs(pattern, best_row, model, compiled, inputs, reps, precision)
+    eager_us = compiled_us = compile_s = same = None
+    if module:
+        problem = load_problem(REPO / plan["source"], dtype)
+        model = problem.model.cuda()
+        inputs = [t.cuda() for t in problem.inputs]
+        with torch.no_grad():
+            eager_us = time_module(model, inputs, reps)
+            start = time.perf_counter()
+            compiled = torch.compile(model)
+            compiled(*inputs)
+            compile_s = time.perf_counter() - start
+            compiled_us = time_module(compiled, inputs, reps)
+            pattern = plan["patterns"][patterns[0]["index"]] if len(patterns) == 1 else None
+            if covered and pattern is not None and pattern["family"] == "gemm":
+                best_row = min(
+                    (r for r in rows if r["disposition"] == "passed" and r["kernel"] != "pytorch"),
+                    key=lambda r: r["time_us"],
+                )
+                same = same_inputs(pattern, best_row, model, compiled, inputs, reps, precision)
     return {
         "run": run.name,
         "source": plan["source"],
@@ -260,6 +262,8 @@ def table(results: list[dict]) -> str:
     ]
     for r in results:
         fact = r["fact_us"]
+        if r["eager_us"] is None:  # --kernels-only
+            continue
         cells = [
             Path(r["source"]).stem,
             r["dtype"],
@@ -308,7 +312,7 @@ def table(results: list[dict]) -> str:
         for p in r["patterns"]:
             t, f = p["pytorch_us"], p["fact_us"]
             cells = [
-                Path(r["source"]).stem,
+                r["run"],
                 p["signature"],
                 f"{t:.1f}" if t else "-",
                 f"{p['sdpa_alone_us']:.1f}" if p.get("sdpa_alone_us") else "-",
@@ -327,6 +331,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--only", help="comma-separated run names")
+    ap.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="time the kernels and SDPA only, not the modules eagerly and under torch.compile",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = sorted(p for p in args.runs.iterdir() if (p / "manifest.json").is_file())
@@ -335,7 +344,7 @@ def main() -> int:
     env = harness.environment(torch.device("cuda"))
     results = []
     for run in runs:
-        results.append(bench_run(run, args.reps))
+        results.append(bench_run(run, args.reps, module=not args.kernels_only))
         doc = {"command": " ".join(sys.argv), "environment": env, "results": results}
         (args.out / "gemm_bench.json").write_text(json.dumps(harness.json_safe(doc), indent=1))
     md = table(results)
