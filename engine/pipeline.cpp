@@ -364,6 +364,12 @@ RealizeResult run_realize(const RealizeOptions& opt) {
                   {"cache_key", res->key},
                   {"status", res->ok ? (res->cached ? "cached" : "compiled") : "compile_error"}};
     if (res->ok) entry["library"] = "lib/" + p.kernel + ".so";
+    if (!res->advisories.empty()) {
+      entry["advisories"] = res->advisories;
+      std::string detail = "ptxas";
+      for (const auto& a : res->advisories) detail += (detail.size() > 5 ? "; " : " ") + a;
+      entry["detail"] = detail;
+    }
     if (!res->ok) {
       entry["detail"] = res->error;
       entry["log"] = res->log;

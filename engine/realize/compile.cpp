@@ -86,6 +86,30 @@ std::string first_error_lines(const std::string& log, size_t max_lines = 4) {
 
 }  // namespace
 
+std::vector<std::string> ptxas_advisories(const std::string& log) {
+  static const std::string kMark = "Potential Performance Loss: ";
+  std::vector<std::string> out;
+  std::istringstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto mark = line.find(kMark);
+    if (mark == std::string::npos) continue;
+    // "ptxas info    : (C7511) Potential Performance Loss: TEXT in the function '_Z...'"
+    std::string code = "ptxas";
+    const auto open = line.rfind("(C", mark);
+    if (open != std::string::npos) {
+      const auto close = line.find(')', open);
+      if (close != std::string::npos && close < mark) code = line.substr(open + 1, close - open - 1);
+    }
+    std::string text = line.substr(mark + kMark.size());
+    if (const auto fn = text.find(" in the function"); fn != std::string::npos) text.resize(fn);
+    while (!text.empty() && (text.back() == '.' || text.back() == ' ' || text.back() == '\r')) text.pop_back();
+    const std::string advisory = code + ": " + text;
+    if (std::find(out.begin(), out.end(), advisory) == out.end()) out.push_back(advisory);
+  }
+  return out;
+}
+
 std::string sha256_hex(const std::string& data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -266,6 +290,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
           r.error = first_error_lines(read_file(r.log));
         }
       }
+      if (r.ok) r.advisories = ptxas_advisories(read_file(r.log));
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception& e) {
       r.ok = false;
@@ -284,6 +309,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         std::cerr << "[" << n << "/" << jobs.size() << "] " << job.name << ": "
                   << (r.cached ? "cached" : r.ok ? "compiled" : "FAILED (" + r.log + ")");
         if (!r.cached) std::cerr << " in " << static_cast<int>(r.seconds) << " s";
+        for (const auto& a : r.advisories) std::cerr << "\n    ptxas " << a;
         std::cerr << std::endl;
       }
     }

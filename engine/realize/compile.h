@@ -33,8 +33,17 @@ struct CompileResult {
   std::string library;  // path of the .so in the cache
   std::string log;      // path of the build log
   std::string error;    // first lines of the compiler's complaint, when !ok
+  // ptxas's performance advisories from the build log (see ptxas_advisories), for a built kernel.
+  std::vector<std::string> advisories;
   double seconds = 0;
 };
+
+// ptxas's "Potential Performance Loss" advisories in a build log, one per code, in the order
+// they appear, without the mangled function name: "C7511: wgmma.mma_async instructions are
+// serialized due to insufficient register resources for the wgmma pipeline". A kernel that
+// draws one builds and verifies, but its WGMMAs wait on each other or on injected fences: the
+// fourteenth session's FMHA variants with such serialization ran 13-40 % slower.
+std::vector<std::string> ptxas_advisories(const std::string& log);
 
 // Where CUTLASS lives: `hint`, else $CUTLASS_DIR. UserError when neither is set or the directory
 // does not hold CUTLASS's headers.

@@ -1,4 +1,5 @@
-// The compile driver's cache housekeeping (compiling itself needs nvcc: tests/python/test_realize.py).
+// The compile driver: cache housekeeping and ptxas's advisories (compiling with the real nvcc:
+// tests/python/test_realize.py; here a stand-in script plays nvcc).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,10 @@
 #include "realize/compile.h"
 
 namespace fs = std::filesystem;
+using fact::realize::compile_all;
+using fact::realize::CompileJob;
+using fact::realize::CompileOptions;
+using fact::realize::ptxas_advisories;
 using fact::realize::sweep_abandoned_builds;
 
 namespace {
@@ -60,4 +65,60 @@ TEST(CompileCache, SweepsOnlyOldBuildsOfGoneProcesses) {
   EXPECT_TRUE(fs::exists(huge_pid));  // no such pid: not a build folder of this scheme
   EXPECT_EQ(sweep_abandoned_builds((cache / "missing").string(), std::chrono::hours(1)), 0);
   fs::remove_all(cache);
+}
+
+TEST(PtxasAdvisories, OnePerCodeWithoutTheFunction) {
+  const std::string log =
+      "kernel.cu(12): warning #177-D: variable \"x\" was declared but never referenced\n"
+      "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+      "insufficient register resources for the wgmma pipeline in the function '_ZN7cutlass13device_kernelI1AEEvNT_6ParamsE'\n"
+      "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+      "insufficient register resources for the wgmma pipeline in the function '_ZN7cutlass13device_kernelI1BEEvNT_6ParamsE'\n"
+      "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive injected.\r\n"
+      "ptxas info    : Used 168 registers\n";
+  const auto a = ptxas_advisories(log);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0],
+            "C7511: wgmma.mma_async instructions are serialized due to insufficient register resources for the "
+            "wgmma pipeline");
+  EXPECT_EQ(a[1], "C7519: warpgroup.arrive injected");
+  EXPECT_TRUE(ptxas_advisories("ptxas info    : Used 168 registers\n").empty());
+  EXPECT_TRUE(ptxas_advisories("").empty());
+}
+
+// compile_all reports the advisories of a fresh build and, from the cached build log, of a
+// cached one; a clean build reports none. The stand-in nvcc prints an advisory for sources
+// that ask for one.
+TEST(PtxasAdvisories, ReportedFreshAndCached) {
+  const fs::path root = fs::path(testing::TempDir()) / ("fact-advisories-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "cutlass" / "include" / "cutlass");
+  std::ofstream(root / "cutlass" / "include" / "cutlass" / "cutlass.h") << "// stand-in\n";
+  const fs::path nvcc = root / "nvcc";
+  std::ofstream(nvcc) << "#!/bin/sh\n"
+                         "[ \"$1\" = --version ] && { echo 'stand-in nvcc, release 0.0'; exit 0; }\n"
+                         "out=''; src=''; prev=''\n"
+                         "for a in \"$@\"; do [ \"$prev\" = -o ] && out=$a; case $a in *.cu) src=$a;; esac; prev=$a; done\n"
+                         "grep -q SERIALIZE \"$src\" && echo \"ptxas info    : (C7511) Potential Performance Loss: "
+                         "wgmma.mma_async instructions are serialized due to insufficient register resources for the "
+                         "wgmma pipeline in the function '_Z1kv'\"\n"
+                         "echo so > \"$out\"\n";
+  fs::permissions(nvcc, fs::perms::owner_all);
+  CompileOptions opt;
+  opt.nvcc = nvcc.string();
+  opt.cutlass_dir = (root / "cutlass").string();
+  opt.cache_dir = (root / "cache").string();
+  opt.jobs = 1;
+  opt.quiet = true;
+  const std::vector<CompileJob> jobs = {{"slow", "// SERIALIZE\n"}, {"clean", "// fine\n"}};
+  for (const bool cached : {false, true}) {
+    const auto r = compile_all(jobs, opt);
+    ASSERT_EQ(r.size(), 2u);
+    EXPECT_TRUE(r[0].ok && r[1].ok);
+    EXPECT_EQ(r[0].cached, cached);
+    ASSERT_EQ(r[0].advisories.size(), 1u) << "cached: " << cached;
+    EXPECT_EQ(r[0].advisories[0].substr(0, 7), "C7511: ");
+    EXPECT_TRUE(r[1].advisories.empty());
+  }
+  fs::remove_all(root);
 }

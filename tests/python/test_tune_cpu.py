@@ -28,6 +28,7 @@ from fact.tune.harness import (
     TOL_16BIT_OUTPUT,
     TOL_F32_HIGHEST,
     TOL_F32_TF32,
+    attach_advisories,
     check_kernel_info,
     epilogue_shape,
     format_table,
@@ -1563,7 +1564,18 @@ def test_format_table_and_export():
     ]
     lines = format_table(rows).splitlines()
     assert lines[3].split()[-1] == "2.00x" and lines[4].split()[-3:] == ["-", "-", "-"]
+    assert len(lines) == 5
     assert [r["disposition"] for r in registry_export(rows)["rows"]] == ["passed", "fault"]
+    # realize's ptxas advisories follow their kernel into its row, its message and the table
+    serialized = "C7511: wgmma.mma_async instructions are serialized"
+    entries = [{"kernel": "k1", "advisories": [serialized]}, {"kernel": "k2"}]
+    rows[1]["message"] = "3 knobs"
+    attach_advisories(rows, entries)
+    assert rows[1]["advisories"] == [serialized]
+    assert rows[1]["message"] == f"3 knobs; ptxas {serialized}"
+    assert "advisories" not in rows[0] and "advisories" not in rows[2]
+    lines = format_table(rows).splitlines()
+    assert lines[5:] == [f"k1: ptxas {serialized}"]
 
 
 # ---------------------------------------------------------------------------------------------

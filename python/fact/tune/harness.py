@@ -1381,8 +1381,21 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
+def attach_advisories(rows: Sequence[dict[str, Any]], entries: Sequence[Mapping[str, Any]]) -> None:
+    """Copy realize's ptxas advisories (manifest "advisories": serialized WGMMAs and the like)
+    onto the rows of their kernels, into "advisories" and the row's message."""
+    by_kernel = {e.get("kernel"): e["advisories"] for e in entries if e.get("advisories")}
+    for row in rows:
+        if row.get("kernel") not in by_kernel:
+            continue
+        row["advisories"] = list(by_kernel[row["kernel"]])
+        note = "ptxas " + "; ".join(row["advisories"])
+        row["message"] = f"{row['message']}; {note}" if row.get("message") else note
+
+
 def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """pattern | kernel | disposition | rel_err | time | vs pytorch (its time / this time)."""
+    """pattern | kernel | disposition | rel_err | time | vs pytorch (its time / this time), then
+    a line per ptxas advisory of a kernel."""
     baseline = {
         r.get("pattern_index"): r.get("time_us")
         for r in rows
@@ -1411,6 +1424,13 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     out = [
         "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
         for line in [header, tuple("-" * w for w in widths), *lines]
+    ]
+    # Kernels ptxas warned about (serialized WGMMAs and the like): why one may run slow.
+    out += [
+        f"{r.get('kernel')}: ptxas {a}"
+        for r in rows
+        if r.get("advisories")
+        for a in r["advisories"]
     ]
     return "\n".join(out)
 
@@ -1608,6 +1628,7 @@ def _cli(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
         for row in rows + static_rows:
             row["pattern_index"] = index
+        attach_advisories(rows + static_rows, by_pattern[index])
         all_rows += rows + static_rows
     command = "python -m fact.tune.harness " + " ".join(argv)
     results = {
