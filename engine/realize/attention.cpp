@@ -384,7 +384,10 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
   EmittedKernel k;
   k.name = kernel_name(spec, c);
   json info = kernel_info(spec, c);
-  if (tf32) info["math"] = "tf32";
+  if (tf32) {
+    info["math"] = "tf32";
+    info["v_keys_contiguous"] = true;  // reads such a V in place (v_stride_s 1, v_stride_d > 1)
+  }
   std::map<std::string, std::string> vars = {
       {"description", std::string(spec.causal ? "causal" : "non-causal") + " attention, " + spec.dtype +
                           (tf32 ? " with TF32 tensor-core math" : "") + ", head dim up to " +

@@ -80,6 +80,8 @@ TEST(EmitAttention, CausalBf16HeadDim96) {
   EXPECT_EQ(k.name.rfind("fact_attention_bf16_causal_d96_", 0), 0u) << k.name;
   EXPECT_NE(k.source.find("cutlass::fmha::collective::CausalFusion"), std::string::npos);
   EXPECT_NE(k.source.find("constexpr bool kPersistent = false;"), std::string::npos);  // one CTA a tile
+  EXPECT_EQ(k.source.find("v_keys_contiguous\":"), std::string::npos);  // bf16 reads V's head dim contiguous
+  EXPECT_NE(k.source.find("contiguous is read in place by TF32 kernels only"), std::string::npos);  // refused
   expect_golden(k, "attention_bf16_causal_d96_coop.cu");
 }
 
@@ -169,12 +171,15 @@ TEST(EmitAttention, F32RunsInTheMathThePrecisionAllows) {
     }
   }
 
-  // Hopper in TF32: the MMAs read TF32, memory holds fp32, V is transposed for P @ V.
+  // Hopper in TF32: the MMAs read TF32, memory holds fp32, V is transposed for P @ V unless the
+  // caller's V has its keys contiguous (the kernel says it reads that in place).
   const auto hopper = emit_attention(spec, high.ranked[0].config);
   EXPECT_EQ(hopper.name.rfind("fact_attention_f32_causal_d96_", 0), 0u) << hopper.name;
   EXPECT_NE(hopper.source.find("using ElementMma = cutlass::tfloat32_t;"), std::string::npos);
   EXPECT_NE(hopper.source.find("constexpr bool kTransposeV = true;"), std::string::npos);
   EXPECT_NE(hopper.source.find("\"math\":\"tf32\""), std::string::npos);
+  EXPECT_NE(hopper.source.find("\"v_keys_contiguous\":true"), std::string::npos);
+  EXPECT_NE(hopper.source.find("if (transposes_v(a)) {"), std::string::npos);
   expect_golden(hopper, "attention_f32_causal_d96_tf32_coop.cu");
   const auto k = emit_attention(spec, high.ranked[1].config);
   EXPECT_EQ(k.name.rfind("fact_attention_f32_causal_d96_", 0), 0u) << k.name;

@@ -446,7 +446,7 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         ptr = ctypes.sizeof(ctypes.c_void_p)
         assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
         assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
-        assert c["version"] == abi.FACT_ABI_VERSION == 3
+        assert c["version"] == abi.FACT_ABI_VERSION == 4
         assert c["max_parts"] == abi.FACT_MAX_GEMM_PARTS == 8
     if struct is abi.FactPointwiseArgs:
         assert c["max_rank"] == abi.FACT_POINTWISE_MAX_RANK == 8
@@ -473,7 +473,7 @@ int main(void) {
 def test_kernel_library_end_to_end(fake_kernels):
     info = {"family": "gemm", "config": {"name": "t128x128x64"}}
     lib = KernelLibrary(fake_kernels("recorder", mode="record", info=info))
-    assert lib.abi_version == abi.FACT_ABI_VERSION == 3
+    assert lib.abi_version == abi.FACT_ABI_VERSION == 4
     assert lib.name == "recorder"
     assert lib.info == info
     args = FactGemmArgs()
@@ -519,7 +519,7 @@ def test_kernel_library_end_to_end(fake_kernels):
 
 def test_kernel_library_refuses_other_abi_version(fake_kernels):
     path = fake_kernels("version1", FAKE_VERSION=1)
-    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 3"):
+    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 4"):
         KernelLibrary(path)
 
 
@@ -2073,6 +2073,47 @@ def test_attention_args_for_the_fused_qkv_view():
         args_for(q, k[:, :3], v[:, :3], o, 1.0)
     with pytest.raises(FactError, match="is torch.float32"):
         args_for(q, k, v.float(), o, 1.0)
+    assert args.v_stride_d == 0  # V's head dim contiguous: ABI version 4's default
+
+
+def test_attention_args_for_v_with_its_keys_contiguous():
+    """V as a projection that writes V^T leaves it, (heads*dim, batch*seq) row-major: keys
+    contiguous, so v_stride_s is 1 and v_stride_d carries the head-dim stride; q and k still need
+    their head dim contiguous, and a V contiguous in neither is refused."""
+    from fact.compose.ops import AttentionKernel, _reads_v_keys_contiguous
+    from fact.tune.attention import args_for, v_keys_contiguous
+
+    b, h, s, d = 2, 3, 16, 8
+    q = torch.randn(b, h, s, d)
+    vt = torch.randn(h * d, b * s)
+    v = vt.view(h, d, b, s).permute(
+        2, 0, 3, 1
+    )  # (b, h, s, d): v[b, h, t, e] = vt[h*d + e, b*s + t]
+    assert v.shape == q.shape and v_keys_contiguous(v) and not v_keys_contiguous(q)
+    args = args_for(q, q, v, torch.empty_like(q), 1.0)
+    assert (args.v_stride_b, args.v_stride_h, args.v_stride_s, args.v_stride_d) == (
+        s,
+        d * b * s,
+        1,
+        b * s,
+    )
+    assert args.v == vt.data_ptr() and args.k_stride_s == d
+    strided = torch.randn(b, h, d, s, 2)[..., 0].permute(0, 1, 3, 2)  # keys and dims 2 apart
+    with pytest.raises(FactError, match="head dim must be contiguous or, for v, the keys"):
+        args_for(q, q, strided, q, 1.0)
+    with pytest.raises(FactError, match=r"attention k: the head dim must be contiguous \(shape"):
+        args_for(q, v, v, q, 1.0)
+
+    class Library:
+        def __init__(self, info):
+            self.info = info
+
+    def entry(info):
+        return AttentionKernel(True, 1.0, torch.float32, "cutlass", library=Library(info))
+
+    assert _reads_v_keys_contiguous(entry({"math": "tf32", "v_keys_contiguous": True}))
+    assert not _reads_v_keys_contiguous(entry({"dtype": "bf16"}))
+    assert not _reads_v_keys_contiguous(AttentionKernel(True, 1.0, torch.float32, "reference"))
 
 
 def test_attention_tolerance():

@@ -573,6 +573,54 @@ def test_realized_attention_kernels_pass(realized_attention, run, sizes, expect)
         assert err <= tol, f"{entry['kernel']}: rel_err {err:.3g} {why}"
 
 
+@pytest.mark.parametrize(
+    ("run", "sizes"),
+    [
+        ("causal_fused-fp32-high", None),
+        ("causal_fused-fp32-high", {"seq_q": 500, "seq_k": 500}),
+        ("causal_fused", None),
+    ],  # fmt: skip
+)
+def test_attention_v_with_its_keys_contiguous(realized_attention, run, sizes):
+    """V laid out as a projection that writes V^T leaves it, (kv_heads*dim, batch*seq)
+    row-major: Hopper's TF32 kernels read it in place (no transpose, no workspace for one) and
+    match the reference; kernels that read V's head dim contiguous refuse it."""
+    from fact.tune.attention import (
+        AttentionSpec,
+        KernelStatusError,
+        args_for,
+        make_inputs,
+        reference,
+        run_kernel,
+    )
+
+    pattern, entries, _ = realized_attention[run]
+    spec = AttentionSpec.from_pattern(pattern, sizes)
+    _, _, precision = ATTENTION_RUNS[run]
+    tol = tolerance(pattern, precision)
+    for entry in (e for e in entries if e.get("library")):
+        lib = KernelLibrary(entry["library"])
+        x = make_inputs(spec, "cuda")
+        b, hk, sk, d = x.v.shape
+        vt = torch.empty(hk * d, b * sk, dtype=x.v.dtype, device="cuda")
+        v = vt.view(hk, d, b, sk).permute(2, 0, 3, 1)
+        v.copy_(x.v)
+        assert v.stride(2) == 1 and torch.equal(v, x.v)
+        x.o.fill_(float("nan"))
+        if not lib.info.get("v_keys_contiguous"):
+            with pytest.raises(KernelStatusError, match="contiguous head dim"):
+                run_kernel(lib, x.q, x.k, v, x.o, spec)
+            continue
+        natural = lib.attention_workspace_size(args_for(x.q, x.k, x.v, x.o, spec.scale))
+        in_place = lib.attention_workspace_size(args_for(x.q, x.k, v, x.o, spec.scale))
+        assert in_place < natural, (in_place, natural)  # no transposed copy of V
+        run_kernel(lib, x.q, x.k, v, x.o, spec)
+        torch.cuda.synchronize()
+        err, why = rel_err(x.o, reference(spec, x.q, x.k, x.v))
+        assert err <= tol, f"{entry['kernel']}: rel_err {err:.3g} {why}"
+        print(f"\n{entry['kernel']} with V keys-contiguous: rel_err {err:.2e}")
+
+
 if __name__ == "__main__":  # write the attention problems for FACT_TEST_ATTENTION_RUNS
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)

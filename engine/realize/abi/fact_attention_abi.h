@@ -1,10 +1,15 @@
-/* FACT kernel C ABI, version 3, for generated fused attention kernels (forward).
+/* FACT kernel C ABI, version 4, for generated fused attention kernels (forward).
  *
  * O[b, h, s, :] = softmax(scale * Q[b, h, s, :] . K[b, hk, t, :] (+ causal mask)) @ V[b, hk, t, :]
  * for b < batch, h < heads, s < seq_q, t < seq_k, where hk = h / (heads / kv_heads) (grouped-query
  * attention: consecutive query heads share a key/value head, as in repeat_interleave). Every
  * tensor is addressed through its own element strides (the last dim is contiguous), so Q, K and V
  * can be read in place from a fused QKV projection and O written in (batch, seq, heads*dim).
+ * V alone may instead have its keys contiguous (v_stride_s == 1, v_stride_d its head-dim stride),
+ * as a projection that writes V^T leaves it: kernels whose MMAs read V keys-contiguous (TF32 on
+ * Hopper, fact_kernel_info's "v_keys_contiguous") then read it in place instead of transposing
+ * it; the others refuse it (FACT_NOT_SUPPORTED).
+ * Version 4 added v_stride_d.
  * The causal mask is top-left aligned (query s sees keys t <= s), as PyTorch's is_causal.
  * Status codes and fact_abi_version, fact_kernel_name, fact_kernel_info and fact_last_error are
  * those of fact_gemm_abi.h.
@@ -30,11 +35,13 @@ typedef struct FactAttentionArgs {
   int64_t o_stride_b, o_stride_h, o_stride_s;
   float scale;   /* softmax scale; 1/sqrt(head_dim) in most models */
   int sm_count;  /* 0 = query the device */
+  int64_t v_stride_d; /* V's head-dim stride: 0 or 1 = contiguous; otherwise keys contiguous */
 } FactAttentionArgs;
 
 int fact_attention_can_implement(const FactAttentionArgs* args);
 /* Scratch the kernel needs, 16-byte aligned: the rows' log-sum-exp (float per (batch, head,
- * query)) and, for a TF32 Hopper kernel, a transposed copy of V (its size). */
+ * query)) and, for a TF32 Hopper kernel given V with a contiguous head dim, a transposed copy of
+ * V (its size). */
 size_t fact_attention_workspace_size(const FactAttentionArgs* args);
 int fact_attention_run(const FactAttentionArgs* args, void* workspace, size_t workspace_bytes, void* stream);
 

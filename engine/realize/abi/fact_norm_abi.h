@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 3, for generated row-norm kernels (LayerNorm, RMSNorm).
+/* FACT kernel C ABI, version 4, for generated row-norm kernels (LayerNorm, RMSNorm).
  *
  * out[r, :] = norm(x[r, :]) (* weight) (+ bias) for r < rows, each row `cols` contiguous
  * elements; rows start `ldx` / `ldout` elements apart. Status codes and fact_abi_version,

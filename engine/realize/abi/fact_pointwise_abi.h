@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 3, for generated pointwise kernels: a region of elementwise ops
+/* FACT kernel C ABI, version 4, for generated pointwise kernels: a region of elementwise ops
  * (with broadcasting, casts, and slices and concatenations along the last dim) in one pass.
  *
  * out[i] = f(inputs at i) for every index i of `shape`; out is contiguous in `shape`. Input j is

@@ -411,6 +411,12 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
+def _reads_v_keys_contiguous(entry: AttentionKernel) -> bool:
+    """The kernel reads V with its keys contiguous in place (TF32 on Hopper: its MMAs want V
+    so; given V with its head dim contiguous it transposes V first)."""
+    return entry.library is not None and bool(entry.library.info.get("v_keys_contiguous"))
+
+
 def _attention_out(q: torch.Tensor, entry: AttentionKernel) -> torch.Tensor:
     """[B, H, S, D] in the layout the model goes on with: for bs(hd) the transpose of a
     (B, S, H, D)-contiguous buffer (the model's later transpose(1, 2).contiguous().view(b, s,
@@ -470,7 +476,13 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: int) -
         raise FactError(f"fact::attention: kernel {kernel} is not an attention kernel")
     label = entry.label or (entry.library.name if entry.library is not None else "reference")
     _attention_shapes(label, q, k, v)
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    from fact.tune.attention import v_keys_contiguous
+
+    q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
+    # V with its keys contiguous (a projection that wrote V^T) goes in place to a kernel that
+    # reads it so; to any other, with its head dim made contiguous
+    if not (v_keys_contiguous(v) and _reads_v_keys_contiguous(entry)):
+        v = _last_dim_contiguous(v)
     out = _attention_out(q, entry)
     if entry.backend == "reference":
         out.copy_(_attention_reference(entry, q, k, v))

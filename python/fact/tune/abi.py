@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 3 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 4 (engine/realize/abi/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from fact.errors import FactError
 
-FACT_ABI_VERSION = 3
+FACT_ABI_VERSION = 4
 FACT_MAX_EPILOGUE_OPERANDS = 8
 FACT_MAX_GEMM_PARTS = 8
 FACT_POINTWISE_MAX_RANK = 8
@@ -156,8 +156,9 @@ class FactAttentionArgs(ctypes.Structure):
     """typedef struct FactAttentionArgs (abi/fact_attention_abi.h): fused attention, forward.
 
     O[b, h, s] = softmax(scale * Q[b, h, s] . K[b, hk, :] (+ causal mask)) @ V[b, hk, :] with
-    hk = h // (heads // kv_heads). Strides are in elements (the last dim is contiguous);
-    pointers are integers; sm_count 0 = query the device.
+    hk = h // (heads // kv_heads). Strides are in elements (the last dim is contiguous, except
+    V's where v_stride_d is above 1: then its keys are, v_stride_s == 1); pointers are integers;
+    sm_count 0 = query the device; v_stride_d 0 = 1.
     """
 
     _fields_ = [
@@ -185,6 +186,7 @@ class FactAttentionArgs(ctypes.Structure):
         ("o_stride_s", _I64),
         ("scale", ctypes.c_float),
         ("sm_count", ctypes.c_int),
+        ("v_stride_d", _I64),
     ]
 
     def to_dict(self) -> dict[str, Any]:

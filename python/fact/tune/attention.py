@@ -399,11 +399,19 @@ def pytorch_attention(
 # The ABI
 
 
+def v_keys_contiguous(v: torch.Tensor) -> bool:
+    """V (B, Hk, Sk, D) laid out with its keys contiguous and its head dim not: what a
+    projection that writes V^T leaves, and what TF32 kernels read in place (kernel info
+    "v_keys_contiguous"; ABI v_stride_d)."""
+    return v.shape[-1] > 1 and v.stride(-1) != 1 and (v.stride(2) == 1 or v.shape[2] == 1)
+
+
 def _strides(t: torch.Tensor, name: str) -> tuple[int, int, int]:
-    if t.stride(-1) != 1 and t.shape[-1] > 1:
+    if t.stride(-1) != 1 and t.shape[-1] > 1 and not (name == "v" and v_keys_contiguous(t)):
         raise FactError(
-            f"attention {name}: the head dim must be contiguous (shape {tuple(t.shape)}, "
-            f"strides {t.stride()})"
+            f"attention {name}: the head dim must be contiguous"
+            + (" or, for v, the keys" if name == "v" else "")
+            + f" (shape {tuple(t.shape)}, strides {t.stride()})"
         )
     return t.stride(0), t.stride(1), t.stride(2)
 
@@ -417,7 +425,9 @@ def args_for(
     sm_count: int = 0,
 ) -> FactAttentionArgs:
     """FactAttentionArgs over (B, H, Sq, D) q and o and (B, Hk, Sk, D) k and v, any strides with
-    a contiguous last dim (keep the tensors alive while the kernel may run)."""
+    a contiguous last dim, or for v contiguous keys (v_stride_d then carries its head-dim stride;
+    only kernels whose info says "v_keys_contiguous" accept it). Keep the tensors alive while the
+    kernel may run."""
     tensors = {"q": q, "k": k, "v": v, "o": o}
     for name, t in tensors.items():
         if t.dim() != 4:
@@ -448,6 +458,9 @@ def args_for(
         setattr(args, f"{name}_stride_b", sb)
         setattr(args, f"{name}_stride_h", sh)
         setattr(args, f"{name}_stride_s", ss)
+    if v_keys_contiguous(v):
+        args.v_stride_s = 1  # a single key: any stride reads the same
+        args.v_stride_d = v.stride(-1)
     args.scale = float(scale)
     args.sm_count = int(sm_count)
     return args

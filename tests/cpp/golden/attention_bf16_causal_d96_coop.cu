@@ -79,7 +79,8 @@ using Accumulator = float;
 using TileShape = Shape<Int<128>, Int<128>, Int<96>>;  // BlockQ, BlockKV, head dim
 using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // (seq, dim, (batch, head))
 using StrideLSE = cute::tuple<_1, cute::tuple<int, int>>;   // (seq, (batch, head))
-// TF32 WGMMAs read shared memory K-major only: for P @ V that is V with its keys contiguous, a
+// TF32 WGMMAs read shared memory K-major only: for P @ V that is V with its keys contiguous. A
+// caller's V in that layout (v_stride_s == 1) is read in place; any other V goes through a
 // transposed copy in the workspace, (dim, keys) per (batch, head), keys padded to 16 bytes.
 constexpr bool kTransposeV = false;
 using StrideV = std::conditional_t<kTransposeV, cute::tuple<_1, int, cute::tuple<int, int>>, StrideQKVO>;
@@ -324,20 +325,31 @@ size_t lse_bytes(const FactAttentionArgs* a) {
   return static_cast<size_t>(a->batch * a->heads * a->seq_q) * sizeof(float);
 }
 
+// The caller's V has its keys contiguous (v_stride_d above 1: ABI version 4).
+bool v_keys_contiguous(const FactAttentionArgs* a) { return a->v_stride_d != 0 && a->v_stride_d != 1; }
+
+// This call transposes V into the workspace: a TF32 kernel given V with a contiguous head dim.
+bool transposes_v(const FactAttentionArgs* a) { return kTransposeV && !v_keys_contiguous(a); }
+
 // The transposed V's row: the keys, padded to 16 bytes (TMA strides).
 int64_t vt_row(const FactAttentionArgs* a) { return (a->seq_k + kAlignment - 1) / kAlignment * kAlignment; }
 
 size_t vt_bytes(const FactAttentionArgs* a) {
-  if (!kTransposeV) return 0;
+  if (!transposes_v(a)) return 0;
   return static_cast<size_t>(a->batch * a->kv_heads * a->head_dim * vt_row(a)) * sizeof(Element);
 }
 
 size_t lse_offset(const FactAttentionArgs* a) { return (vt_bytes(a) + 255) / 256 * 256; }  // V^T first
 
-// V's strides as the kernel reads it: in place, or the transposed copy's.
+// V's strides as the kernel reads it: in place (head dim contiguous, or for a TF32 kernel keys
+// contiguous), or the transposed copy's.
 template <bool kTransposed>
 auto v_stride(const FactAttentionArgs* a, int row) {
   if constexpr (kTransposed) {
+    if (v_keys_contiguous(a)) {
+      return make_stride(_1{}, static_cast<int>(a->v_stride_d),
+                         make_stride(static_cast<int>(a->v_stride_b), static_cast<int>(a->v_stride_h)));
+    }
     const int d = static_cast<int>(a->head_dim), hk = static_cast<int>(a->kv_heads);
     return make_stride(_1{}, row, make_stride(hk * d * row, d * row));
   } else {
@@ -507,8 +519,20 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
   if (!kPersistent && (a->batch > 65535 || a->kv_heads > 65535)) {
     return fail(FACT_NOT_SUPPORTED, "batch or kv_heads above 65535 (grid limit of the non-persistent schedule)");
   }
+  if (v_keys_contiguous(a)) {
+    if (!kTransposeV) {
+      return fail(FACT_NOT_SUPPORTED,
+                  "this kernel reads V with a contiguous head dim (v_stride_d 0 or 1); V with its keys "
+                  "contiguous is read in place by TF32 kernels only");
+    }
+    if (a->v_stride_s != 1) {
+      return fail(FACT_NOT_SUPPORTED, "V needs a contiguous head dim or contiguous keys (v_stride_s 1)");
+    }
+  }
+  // V's three strides besides its contiguous dimension
+  const int64_t v_outer = v_keys_contiguous(a) ? a->v_stride_d : a->v_stride_s;
   const int64_t strides[] = {a->q_stride_b, a->q_stride_h, a->q_stride_s, a->k_stride_b, a->k_stride_h, a->k_stride_s,
-                             a->v_stride_b, a->v_stride_h, a->v_stride_s, a->o_stride_b, a->o_stride_h, a->o_stride_s};
+                             a->v_stride_b, a->v_stride_h, v_outer,       a->o_stride_b, a->o_stride_h, a->o_stride_s};
   for (int64_t s : strides) {
     if (!stride_ok(s)) return fail(FACT_NOT_SUPPORTED, "strides must be 16-byte multiples below 2^31 elements (TMA)");
   }
@@ -516,10 +540,10 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
   if (!fits(group * a->q_stride_h) || !fits(group * a->o_stride_h)) {
     return fail(FACT_NOT_SUPPORTED, "head strides times the group size beyond int32");
   }
-  if (kTransposeV && !fits(a->kv_heads * a->head_dim * vt_row(a))) {
+  if (transposes_v(a) && !fits(a->kv_heads * a->head_dim * vt_row(a))) {
     return fail(FACT_NOT_SUPPORTED, "kv_heads x head_dim x seq_k beyond int32 (the transposed V's batch stride)");
   }
-  if (kTransposeV && (a->seq_k + kTileS - 1) / kTileS > 65535) {
+  if (transposes_v(a) && (a->seq_k + kTileS - 1) / kTileS > 65535) {
     return fail(FACT_NOT_SUPPORTED, "seq_k above 4194240 (the V transpose's grid)");
   }
   if (!aligned(a->q) || !aligned(a->k) || !aligned(a->v) || !aligned(a->o)) {
@@ -560,7 +584,7 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
   cudaStream_t caller = static_cast<cudaStream_t>(stream);
   auto* vt = static_cast<Element*>(workspace);
   const int row = static_cast<int>(vt_row(a));
-  if (kTransposeV) {  // on the caller's stream, before the group forks from it
+  if (transposes_v(a)) {  // on the caller's stream, before the group forks from it
     const dim3 grid(b * hk, (sk + kTileS - 1) / kTileS, (d + kTileD - 1) / kTileD);
     transpose_v<<<grid, 256, 0, caller>>>(static_cast<const Element*>(a->v), vt, hk, sk, d, row,
                                                       a->v_stride_b, a->v_stride_h, a->v_stride_s);
@@ -590,7 +614,7 @@ __attribute__((visibility("default"))) int fact_attention_run(const FactAttentio
     typename Kernel::Arguments args{
         make_tuple(b, hk, sq, sk, d),
         {reinterpret_cast<const ElementMma*>(q), dq, static_cast<const ElementMma*>(a->k), dk,
-         static_cast<const ElementMma*>(kTransposeV ? vt : a->v), dv},
+         static_cast<const ElementMma*>(transposes_v(a) ? vt : a->v), dv},
         {o, dout, lse + static_cast<size_t>(g) * b * hk * sq, dlse},
         hw};
     auto params = Kernel::to_underlying_arguments(args, nullptr);

@@ -102,6 +102,9 @@ __attribute__((visibility("default"))) int fact_attention_can_implement(const Fa
     return fail(FACT_INVALID_ARGS, "empty problem");
   }
   if (a->heads % a->kv_heads) return fail(FACT_INVALID_ARGS, "heads is not a multiple of kv_heads");
+  if (a->v_stride_d != 0 && a->v_stride_d != 1) {
+    return fail(FACT_NOT_SUPPORTED, "this kernel reads V with a contiguous head dim (v_stride_d 0 or 1)");
+  }
   if (a->head_dim > kHeadDim || a->head_dim % kAlignment) {
     return fail(FACT_NOT_SUPPORTED, "head_dim must be a multiple of 4 and at most 96");
   }
