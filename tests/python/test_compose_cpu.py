@@ -1660,6 +1660,77 @@ def test_attention_patterns_run_as_fact_attention(engine_available, tmp_path, mo
         assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+@pytest.mark.parametrize(
+    ("precision", "rewritten"), [("high", True), ("medium", True), ("highest", False)]
+)
+def test_tf32_attention_reads_v_from_a_projection_that_writes_v_transposed(
+    engine_available, tmp_path, monkeypatch, precision, rewritten
+):
+    """fp32 under TF32 on Hopper: the fused QKV projection's V part becomes its own GEMM that
+    writes V^T (fact.layouts), the q and k parts one linear over the rest of the weight; the
+    attention pattern reads V keys-contiguous through a permuted view of it (what the TF32
+    kernels read in place) and the module computes the same function. Under `highest` (no
+    TF32 kernel reads such a V) the graph stays as traced."""
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(17)
+    model, x = HandWrittenAttention().eval(), torch.randn(2, 32, 64)
+
+    def twins(index, pattern):
+        return attention_twins(index, pattern) + reference_twins(index, pattern)
+
+    opt = fact.optimize(model, [x], precision=precision, implementations=twins,
+                        require_faster=False, use_cache=False, run_dir=tmp_path / "r",
+                        quiet=True)  # fmt: skip
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    (att,) = (p for p in plan["patterns"] if p["family"] == "attention")
+    gemms = {
+        (p["problem"]["m"], p["problem"]["n"]) for p in plan["patterns"] if p["family"] == "gemm"
+    }
+    gm = opt.graph_module
+    (node,) = calls(gm, ATTENTION_OP)
+    v = node_values(gm, opt._program.state_inputs() + [x])[node.args[2]]
+    assert v.shape == (2, 4, 32, 16)
+    if rewritten:
+        assert att["attrs"]["v_strides"] == [32, 16 * 2 * 32, 1, 2 * 32]
+        assert (64, 2 * 32) in gemms and (2 * 32, 2 * 64) in gemms, gemms  # V^T; q and k
+        assert v.stride() == (32, 16 * 2 * 32, 1, 2 * 32)
+        assert v.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    else:
+        assert att["attrs"]["v_strides"][-1] == 1 and (2 * 32, 3 * 64) in gemms, gemms
+        assert v.stride(-1) == 1
+    # the optimized module shares the parameters and sees an in-place update of c_attn
+    assert all(a is b for a, b in zip(opt.parameters(), model.parameters(), strict=True))
+    for seed in (1, 2):
+        (y,) = fresh_inputs([x], seed)
+        assert rel_err(opt(y), eager(model, y)) < 1e-5
+    with torch.no_grad():
+        model.c_attn.weight[2 * 64 :].mul_(-1.5)  # the V rows
+    (y,) = fresh_inputs([x], 3)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_v_transposed_leaves_sdpa_and_other_dtypes_alone():
+    """SDPA's V is not rewritten (its output layout, and the `.contiguous()` the export dropped
+    after it, depend on V's layout), nor anything outside fp32 TF32 on Hopper."""
+    from fact.layouts import applies_v_transposed, v_transposed
+    from fact.tracer import export_module
+
+    assert applies_v_transposed(torch.float32, "high", "sm90")
+    assert not applies_v_transposed(torch.float32, "highest", "sm90")
+    assert not applies_v_transposed(torch.bfloat16, "high", "sm90")
+    assert not applies_v_transposed(torch.float32, "high", "sm80")
+    model, x = GqaAttention(sdpa=True).eval(), torch.randn(2, 32, 64)
+    program = export_module(model, [x])
+    before = [n.target for n in program.graph_module.graph.nodes]
+    assert v_transposed(program) == []
+    assert [n.target for n in program.graph_module.graph.nodes] == before
+    written = export_module(HandWrittenAttention().eval(), [x])
+    (line,) = v_transposed(written)
+    assert "V^T (64 x 64, keys contiguous)" in line and "rows 0..128" in line
+
+
 class HeadsKeptAttention(nn.Module):
     """Attention whose output stays (B, H, S, D) and is then viewed as (B*H, S, D): the plan's
     out_layout is bhsd, so the kernel must write a contiguous (B, H, S, D) tensor."""

@@ -789,6 +789,7 @@ def optimize(
     report go (default: the cache's runs/<key>). implementations(index, pattern): extra
     implementations to consider (tests use PyTorch twins of the kernels on CPU).
     """
+    from fact.layouts import applies_v_transposed, v_transposed
     from fact.tracer import export_module, graph_from_program, save_graph
 
     progress = Progress(quiet)
@@ -804,6 +805,9 @@ def optimize(
     torch.set_float32_matmul_precision(precision)
     try:
         exported = export_module(model, example)
+        if applies_v_transposed(dtype, precision, arch):  # before the plan and the composer
+            for line in v_transposed(exported):
+                progress(f"layout: {line}")
         program = Program(model, exported)
         graph = graph_from_program(
             exported, source=type(model).__name__, model=type(model).__name__
