@@ -38,6 +38,7 @@ from torch import fx
 aten = torch.ops.aten
 
 _TRANSPOSES = (aten.transpose.int,)
+_ALIGN = 4  # fp32 values in 16 bytes: the TF32 kernels' TMA strides
 _MATMULS = (aten.matmul.default,)
 
 
@@ -122,7 +123,7 @@ def _match(v4: fx.Node) -> dict[str, Any] | None:
     part, split = None, None
     if src.target is operator.getitem:
         split, part = src.args
-        if _only_user(src) is not view or split.target is not aten.split.Tensor:
+        if _only_user(src) is not view or split.target is not aten.split.Tensor or split.kwargs:
             return None
         linear = split.args[0]
         size = split.args[1]
@@ -131,13 +132,18 @@ def _match(v4: fx.Node) -> dict[str, Any] | None:
         if not isinstance(size, int) or dim % 3 != 2 or size != h * d:
             return None
         parts = out.shape[-1] // size
-        if out.shape[-1] % size or part != parts - 1 or _only_user(linear) is not split:
-            return None  # only V as the last part of equal parts
+        if (
+            out.shape[-1] % size
+            or parts < 2
+            or part != parts - 1
+            or _only_user(linear) is not split
+        ):
+            return None  # only V as the last of two or more equal parts
     else:
         linear = src
         if _only_user(linear) is not view:
             return None
-    if linear.target is not aten.linear.default:
+    if linear.target is not aten.linear.default or linear.kwargs:
         return None
     x, w = linear.args[0], linear.args[1]
     bias = linear.args[2] if len(linear.args) > 2 else None
@@ -150,6 +156,8 @@ def _match(v4: fx.Node) -> dict[str, Any] | None:
         return None
     if not all(isinstance(v, int) for v in (b, s, h, d)):
         return None  # symbolic sizes: not rewritten
+    if s % _ALIGN:
+        return None  # V^T's rows (b * s) and each (batch, head)'s start: 16-byte multiples (TMA)
     return {"linear": linear, "split": split, "part": part, "x": x, "w": w, "bias": bias,
             "view": view, "v4": v4, "b": b, "s": s, "h": h, "d": d}  # fmt: skip
 

@@ -1729,6 +1729,9 @@ def test_v_transposed_leaves_sdpa_and_other_dtypes_alone():
     written = export_module(HandWrittenAttention().eval(), [x])
     (line,) = v_transposed(written)
     assert "V^T (64 x 64, keys contiguous)" in line and "rows 0..128" in line
+    # 7 tokens: V^T's rows would not be 16-byte multiples (the TF32 kernels' TMA), so V stays
+    odd = export_module(HandWrittenAttention().eval(), [torch.randn(3, 7, 64)])
+    assert v_transposed(odd) == []
 
 
 class HeadsKeptAttention(nn.Module):

@@ -2090,6 +2090,7 @@ def test_attention_args_for_v_with_its_keys_contiguous():
         2, 0, 3, 1
     )  # (b, h, s, d): v[b, h, t, e] = vt[h*d + e, b*s + t]
     assert v.shape == q.shape and v_keys_contiguous(v) and not v_keys_contiguous(q)
+    assert not v_keys_contiguous(torch.randn(b, h, s, 1).expand(b, h, s, d))  # head-dim stride 0
     args = args_for(q, q, v, torch.empty_like(q), 1.0)
     assert (args.v_stride_b, args.v_stride_h, args.v_stride_s, args.v_stride_d) == (
         s,

@@ -403,7 +403,7 @@ def v_keys_contiguous(v: torch.Tensor) -> bool:
     """V (B, Hk, Sk, D) laid out with its keys contiguous and its head dim not: what a
     projection that writes V^T leaves, and what TF32 kernels read in place (kernel info
     "v_keys_contiguous"; ABI v_stride_d)."""
-    return v.shape[-1] > 1 and v.stride(-1) != 1 and (v.stride(2) == 1 or v.shape[2] == 1)
+    return v.shape[-1] > 1 and v.stride(-1) > 1 and (v.stride(2) == 1 or v.shape[2] == 1)
 
 
 def _strides(t: torch.Tensor, name: str) -> tuple[int, int, int]:
