@@ -28,20 +28,12 @@ from fact.tune.abi import KernelLibrary  # noqa: E402
 from fact.tune.attention import (  # noqa: E402
     AttentionSpec,
     args_for,
+    as_keys_contiguous,
     make_inputs,
     reference,
     run_kernel,
 )
 from fact.tune.harness import tolerance  # noqa: E402
-
-
-def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
-    """The same values as v (B, Hk, Sk, D), laid out (Hk * D, B * Sk) row-major."""
-    b, hk, sk, d = v.shape
-    vt = torch.empty(hk * d, b * sk, dtype=v.dtype, device=v.device)
-    out = vt.view(hk, d, b, sk).permute(2, 0, 3, 1)
-    out.copy_(v)
-    return out
 
 
 def bench_run(run: Path, reps: int, precision: str | None) -> list[dict]:
@@ -62,7 +54,7 @@ def bench_run(run: Path, reps: int, precision: str | None) -> list[dict]:
         row = {"run": run.name, "kernel": lib.name}
         layouts = {"head dim contiguous": x.v}
         if lib.info.get("v_keys_contiguous"):
-            layouts["keys contiguous"] = keys_contiguous(x.v)
+            layouts["keys contiguous"] = as_keys_contiguous(x.v)
         for name, v in layouts.items():
             args = args_for(x.q, x.k, v, x.o, spec.scale)
             workspace = torch.empty(

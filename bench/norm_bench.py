@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from fact.compose.ops import NormKernel, _norm_reference  # noqa: E402
 from fact.tune import harness  # noqa: E402
 from fact.tune.abi import FactNormArgs, KernelLibrary, Status  # noqa: E402
 
@@ -35,19 +36,12 @@ def pytorch_norm(info: dict, x, w, b, eps: float):
 
 
 def reference(info: dict, x, w, b, eps: float):
-    """In float32, rounding where the kernel's spec says the model rounds."""
-    xf = x.float()
-    if info["kind"] == "rms_norm":
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    else:
-        y = F.layer_norm(xf, (xf.shape[-1],), eps=eps)
-    if info.get("round_before_weight"):
-        y = y.to(DTYPES[info["dtype_round"]]).float()
-    if w is not None:
-        y = y * w.float()
-    if b is not None:
-        y = y + b.float()
-    return y
+    """In float32 (fact::norm's PyTorch twin, not rounded to the kernel's output type),
+    rounding where the kernel's spec says the model rounds."""
+    rounds = info.get("round_before_weight")
+    entry = NormKernel(info["kind"], info["cols"], eps, torch.float32, "reference",
+                       round_to=DTYPES[info["dtype_round"]] if rounds else None)  # fmt: skip
+    return _norm_reference(entry, x, w, b)
 
 
 def bench_library(path: Path, rows: int, reps: int) -> dict:

@@ -367,7 +367,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     if (!res->advisories.empty()) {
       entry["advisories"] = res->advisories;
       std::string detail = "ptxas";
-      for (const auto& a : res->advisories) detail += (detail.size() > 5 ? "; " : " ") + a;
+      for (size_t i = 0; i < res->advisories.size(); ++i) detail += (i ? "; " : " ") + res->advisories[i];
       entry["detail"] = detail;
     }
     if (!res->ok) {

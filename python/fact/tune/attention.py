@@ -406,6 +406,16 @@ def v_keys_contiguous(v: torch.Tensor) -> bool:
     return v.shape[-1] > 1 and v.stride(-1) > 1 and (v.stride(2) == 1 or v.shape[2] == 1)
 
 
+def as_keys_contiguous(v: torch.Tensor) -> torch.Tensor:
+    """A copy of V (B, Hk, Sk, D) laid out as a projection that writes V^T leaves it: a
+    (Hk * D, B * Sk) row-major buffer viewed as (B, Hk, Sk, D), keys contiguous."""
+    b, hk, sk, d = v.shape
+    vt = torch.empty(hk * d, b * sk, dtype=v.dtype, device=v.device)
+    out = vt.view(hk, d, b, sk).permute(2, 0, 3, 1)
+    out.copy_(v)
+    return out
+
+
 def _strides(t: torch.Tensor, name: str) -> tuple[int, int, int]:
     if t.stride(-1) != 1 and t.shape[-1] > 1 and not (name == "v" and v_keys_contiguous(t)):
         raise FactError(
