@@ -52,7 +52,8 @@ def bench_run(run: Path, reps: int, precision: str | None) -> list[dict]:
         ref = reference(spec, x.q, x.k, x.v)
         tol = tolerance(pattern, precision)
         row = {"run": run.name, "kernel": lib.name}
-        layouts = {"head dim contiguous": x.v}
+        # a plan rewritten by fact.layouts already has V keys-contiguous: each layout explicitly
+        layouts = {"head dim contiguous": x.v.contiguous()}
         if lib.info.get("v_keys_contiguous"):
             layouts["keys contiguous"] = as_keys_contiguous(x.v)
         for name, v in layouts.items():

@@ -204,6 +204,13 @@ std::string signature(const discover::Match& m) {
   } else if (a.contains("dtype")) {
     s += ":" + a["dtype"].get<std::string>();
     if (a.value("causal", false)) s += ":causal";
+    // Attention whose V has its keys contiguous (a projection that wrote V^T): Hopper's TF32
+    // kernels read it in place and the others copy it first, so its times are kept apart
+    if (const auto v = a.find("v_strides"); m.family == discover::Family::attention && v != a.end() &&
+        v->is_array() && v->size() == 4 && (*v)[2] == 1 && (*v)[3].is_number_integer() &&
+        (*v)[3].get<int64_t>() > 1) {
+      s += ":v_keys";
+    }
   } else if (a.contains("inputs")) {  // pointwise: the operands' dtypes
     s += ":" + a["inputs"].get<std::string>() + "->" + a["dtype_out"].get<std::string>();
   } else if (a.contains("dtype_in")) {

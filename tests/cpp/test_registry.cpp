@@ -367,6 +367,15 @@ TEST(Signature, GatedMlpAndAttention) {
   const auto attn = plan(attention_graph("tril", -1, "bf16"));
   ASSERT_EQ(attn.d.chosen.size(), 1u);
   EXPECT_EQ(registry::signature(attn.d.chosen[0].match), "attention[scale+causal_mask+softmax]:bf16:causal");
+  // V with its keys contiguous (fact.layouts' V^T projection) is timed apart; V with its head
+  // dim contiguous is not, nor one whose keys and head dim both have stride 1
+  auto m = attn.d.chosen[0].match;
+  m.attrs["v_strides"] = {512, 6291456, 1, 65536};
+  EXPECT_EQ(registry::signature(m), "attention[scale+causal_mask+softmax]:bf16:causal:v_keys");
+  m.attrs["v_strides"] = {1179648, 96, 2304, 1};
+  EXPECT_EQ(registry::signature(m), "attention[scale+causal_mask+softmax]:bf16:causal");
+  m.attrs["v_strides"] = {96, 96, 1, 1};
+  EXPECT_EQ(registry::signature(m), "attention[scale+causal_mask+softmax]:bf16:causal");
 }
 
 TEST(Signature, Norm) {

@@ -2045,6 +2045,71 @@ def test_attention_inputs_layouts():
     assert bhsd.o.is_contiguous() and bhsd.o.shape == (1, 8, 8, 96)
 
 
+# MiniGPT's attention in fp32 after fact.layouts: V is a view of the V^T projection's output
+MINIGPT_ATTENTION_VT = _changed(
+    MINIGPT_ATTENTION, attrs__dtype="f32", attrs__out_dtype="f32", attrs__softmax_dtype="f32",
+    attrs__q_strides=[786432, 96, 1536, 1], attrs__k_strides=[786432, 96, 1536, 1],
+    attrs__v_source="addmm", attrs__v_strides=[512, 6291456, 1, 65536],
+)  # fmt: skip
+
+
+class _RecordingAttentionLibrary:
+    """Stands in for an attention kernel library on the CPU: runs record the V they were given
+    (pointer and values) instead of launching anything."""
+
+    family = "attention"
+    name = "fmha_recording"
+
+    def __init__(self, **info):
+        self.info = {"family": "attention", **info}
+        self.runs = []
+
+    def attention_workspace_size(self, args):
+        return 0
+
+    def attention_run(self, args, ptr, nbytes, stream):
+        self.runs.append(args.v)
+        return 0
+
+
+def test_attention_tuner_makes_v_as_the_plan_lays_it_out():
+    """A plan whose V has its keys contiguous (a projection wrote V^T) is tuned on such a V: the
+    TF32 Hopper kernels read it in place; any other kernel reads a copy with the head dim
+    contiguous, made on every call as fact::attention makes it (so its time includes it)."""
+    from fact.tune.attention import AttentionSpec, _Launch, make_inputs, v_keys_contiguous
+
+    assert not AttentionSpec.from_pattern(MINIGPT_ATTENTION).v_keys
+    spec = AttentionSpec.from_pattern(MINIGPT_ATTENTION_VT, {"batch": 2, "seq_q": 8, "seq_k": 8})
+    assert spec.v_keys and spec.fused_qk and not spec.fused_qkv
+    inputs = make_inputs(spec, "cpu")
+    b, s, h, d = 2, 8, 8, 96
+    assert inputs.v.shape == (b, h, s, d) and v_keys_contiguous(inputs.v)
+    assert inputs.v.stride() == (s, d * b * s, 1, b * s)  # (H * D, B * S) row-major, viewed
+    # q and k: one linear over the rest of the weight, (B, S, 2 H, D), as the plan has them
+    plan = MINIGPT_ATTENTION_VT["attrs"]
+    for t, name in ((inputs.q, "q"), (inputs.k, "k")):
+        assert list(t.stride()) == [s * 2 * h * d] + plan[f"{name}_strides"][1:], name
+    assert inputs.k.data_ptr() - inputs.q.data_ptr() == h * d * 4
+    # a kernel that reads V so: in place, its head-dim stride in the args
+    reads = _RecordingAttentionLibrary(v_keys_contiguous=True)
+    launch = _Launch(reads, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale, copy_v=True)
+    launch()
+    assert reads.runs == [inputs.v.data_ptr()]
+    assert (launch.args.v_stride_s, launch.args.v_stride_d) == (1, b * s)
+    # any other kernel: in the tuner's launches a head-dim-contiguous copy, refreshed on every
+    # call; in a plain launch (run_kernel) V as it is (the kernel refuses it)
+    other = _RecordingAttentionLibrary()
+    plain = _Launch(other, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale)
+    assert plain.tensors[2] is inputs.v and plain.args.v_stride_d == b * s
+    launch = _Launch(other, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale, copy_v=True)
+    copy = launch.tensors[2]
+    assert copy.is_contiguous() and copy.data_ptr() != inputs.v.data_ptr()
+    assert launch.args.v_stride_s == d
+    inputs.v.fill_(3.0)
+    launch()
+    assert other.runs == [copy.data_ptr()] and torch.equal(copy, inputs.v)
+
+
 def test_attention_args_for_the_fused_qkv_view():
     """MiniGPT's Q, K, V are views of the c_attn output: the args carry the plan's strides and
     pointers a head block apart; the output is written as (b, s, h*d)."""

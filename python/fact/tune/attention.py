@@ -68,6 +68,12 @@ class AttentionSpec:
     fused_qkv: the plan reads Q, K and V from one tensor (a fused QKV projection, as MiniGPT's
     c_attn), so the inputs are made that way too; out_layout: "bs(hd)" (the model's
     (batch, seq, heads*dim), written in place) or "bhsd" (a contiguous (batch, heads, seq, dim)).
+    fused_qk: Q and K alone come from one tensor (after fact.layouts took V out of a fused
+    QKV projection).
+    v_keys: the plan's V has its keys contiguous (attrs v_strides; a projection that writes V^T,
+    fact.layouts), so the inputs are made that way too: the TF32 Hopper kernels read it in
+    place, any other kernel gets a copy with the head dim contiguous on every call, as
+    fact::attention gives it one.
     """
 
     dtype: str
@@ -76,6 +82,8 @@ class AttentionSpec:
     problem: dict[str, int]
     out_layout: str = "bs(hd)"
     fused_qkv: bool = False
+    fused_qk: bool = False
+    v_keys: bool = False
     signature: str = ""
     rule: str = ""
     pattern_problem: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -123,6 +131,8 @@ class AttentionSpec:
             problem={},
             out_layout=out_layout,
             fused_qkv=sources[0] is not None and len(set(sources)) == 1,
+            fused_qk=sources[0] is not None and sources[0] == sources[1] != sources[2],
+            v_keys=_keys_contiguous(attrs.get("v_strides")),
             signature=str(pattern.get("signature", "")),
             rule=str(pattern.get("rule", "")),
             pattern_problem=dict(pattern.get("problem") or {}),
@@ -201,6 +211,13 @@ class AttentionSpec:
         )
 
 
+def _keys_contiguous(strides: Any) -> bool:
+    """(batch, heads, seq, dim) strides of a V whose keys are contiguous and head dim not."""
+    if not isinstance(strides, (list, tuple)) or len(strides) != 4:
+        return False
+    return strides[2] == 1 and isinstance(strides[3], int) and strides[3] > 1
+
+
 def _spec(pattern: Any, problem: Mapping[str, Any] | None = None) -> AttentionSpec:
     if isinstance(pattern, AttentionSpec):
         return pattern.with_problem(problem)
@@ -265,6 +282,9 @@ def make_inputs(
     buffers (a projection's output viewed per head and transposed, as Llama); "fused": views of
     one (B, S, H + 2*Hk, D) buffer (a fused QKV projection split along its last dim, as
     MiniGPT's c_attn). Default: the plan's (spec.fused_qkv), "separate" when seq_q != seq_k.
+    With fused_qk (and layout "separate"), q and k are views of one (B, S, H + Hk, D) buffer.
+    For a spec with v_keys, v is instead a (B, Hk, Sk, D) view of a (Hk * D, B * Sk) buffer,
+    its keys contiguous (what a projection that writes V^T leaves).
     o is a (B, H, Sq, D) view of a (B, Sq, H, D) buffer for out_layout "bs(hd)" (the model's
     (batch, seq, heads*dim), written in place), a contiguous (B, H, Sq, D) one for "bhsd".
     A new seed every call unless one is given (kept in the result, to replay a failure).
@@ -291,10 +311,17 @@ def make_inputs(
         q = qkv[:, :, :h].transpose(1, 2)
         k = qkv[:, :, h : h + hk].transpose(1, 2)
         v = qkv[:, :, h + hk :].transpose(1, 2)
+    elif spec.fused_qk and sq == sk:  # one (B, S, H + Hk, D) buffer for Q and K
+        qk = randn(b, sq, h + hk, d)
+        q = qk[:, :, :h].transpose(1, 2)
+        k = qk[:, :, h:].transpose(1, 2)
+        v = randn(b, sk, hk, d).transpose(1, 2)
     else:
         q = randn(b, sq, h, d).transpose(1, 2)
         k = randn(b, sk, hk, d).transpose(1, 2)
         v = randn(b, sk, hk, d).transpose(1, 2)
+    if spec.v_keys:
+        v = randn(hk * d, b * sk).view(hk, d, b, sk).permute(2, 0, 3, 1)
     if spec.out_layout == "bhsd":
         o = torch.full((b, h, sq, d), math.nan, dtype=dt, device=device)
     else:
@@ -494,8 +521,16 @@ class _Launch:
         scale: float,
         workspace: torch.Tensor | None = None,
         sm_count: int = 0,
+        copy_v: bool = False,
     ):
         self.lib = lib
+        # copy_v (the tuner's launches): V with its keys contiguous goes in place to a kernel
+        # that reads it so, any other kernel reads a copy with the head dim contiguous, made on
+        # every call, as fact::attention makes it (so the copy is timed with the kernel).
+        # Without copy_v the kernel gets V as it is, and refuses what it cannot read.
+        self.v_source = None
+        if copy_v and v_keys_contiguous(v) and not lib.info.get("v_keys_contiguous"):
+            self.v_source, v = v, v.contiguous()
         self.args = args_for(q, k, v, o, scale, sm_count)
         self.tensors = (q, k, v, o)  # alive while the kernel may run
         nbytes = lib.attention_workspace_size(self.args)
@@ -517,6 +552,8 @@ class _Launch:
         return status, self.lib.last_error() if status != Status.OK else ""
 
     def __call__(self) -> None:
+        if self.v_source is not None:
+            self.tensors[2].copy_(self.v_source)
         status = self.lib.attention_run(self.args, self.ptr, self.nbytes, self.stream)
         if status != Status.OK:
             self.failed.append(status)
@@ -594,7 +631,7 @@ def _check(
     label = spec.label
     inputs = make_inputs(spec, dev)
     if lib is not None:
-        launch = _Launch(lib, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale)
+        launch = _Launch(lib, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale, copy_v=True)
         status, why = launch.can_implement()
         if status == Status.OK:
             launch()
@@ -737,7 +774,7 @@ def evaluate_attention_kernel(
         )
     inputs, ref = kept
     inputs.poison()
-    launch = _Launch(lib, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale)
+    launch = _Launch(lib, inputs.q, inputs.k, inputs.v, inputs.o, spec.scale, copy_v=True)
     time_us = _timed(launch, reps=reps, warmup=warmup, flush=flush, dev=dev)
     harness._sync(dev)
     try:
