@@ -55,7 +55,9 @@ def discover(
     dtype: str | None = None,
     arch: str = "sm90",
 ) -> dict:
-    """Trace a module (or a problem file's model) and return the engine's kernel plan.
+    """Trace a module (or a problem file's model) and return the engine's kernel plan for
+    `arch`: the plan `fact.optimize` makes, with the layout rewrites it applies for that target
+    under torch's float32 matmul precision (fact.layouts).
 
     Pass an nn.Module with its example inputs, or the path of a problem file (its get_inputs()
     are used). `dtype` casts the model and floating-point inputs first; a module is cast in place.
@@ -71,11 +73,11 @@ def discover(
                 "discover() takes example_inputs only with a module, not a problem file"
             )
         problem = load_problem(module_or_problem_path, dtype)
-        graph = trace(problem.model, problem.inputs, source=str(module_or_problem_path))
+        graph = trace(problem.model, problem.inputs, source=str(module_or_problem_path), arch=arch)
     else:
         if example_inputs is None:
             raise FactError("discover(module, example_inputs): the example inputs are missing")
-        graph = trace(module_or_problem_path, example_inputs, dtype=dtype)
+        graph = trace(module_or_problem_path, example_inputs, dtype=dtype, arch=arch)
     with tempfile.TemporaryDirectory(prefix="fact-") as folder:
         path = save_graph(graph, Path(folder) / "graph.json")
         return engine_json("discover", path, "--arch", arch)

@@ -172,6 +172,13 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("problem", metavar="PROBLEM.py", help="problem file")
     _add_dtype(trace)
     trace.add_argument(
+        "--arch",
+        choices=ARCH_CHOICES,
+        help="apply the layout rewrites fact.optimize applies for this architecture (default: "
+        "none, the graph as exported; discover, explain and realize of a problem file apply "
+        "those of their target, sm90 unless --arch says otherwise)",
+    )
+    trace.add_argument(
         "-o", "--output", required=True, type=Path, metavar="GRAPH.json", help="graph file to write"
     )
     trace.set_defaults(run=_trace)
@@ -301,7 +308,7 @@ def find_cutlass(hint: str | None) -> str:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    _trace_problem(args.problem, args.dtype, args.output, args.precision)
+    _trace_problem(args.problem, args.dtype, args.output, args.precision, args.arch)
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
@@ -321,7 +328,10 @@ def _engine_command(
             "it was traced"
         )
     find_engine()  # fail before a long trace, not after
-    with _graph_file(args.target, is_graph, args.dtype, save_to, args.precision) as graph_path:
+    arch = getattr(args, "arch", None) or "sm90"  # realize has no --arch: it builds for sm90
+    with _graph_file(
+        args.target, is_graph, args.dtype, save_to, args.precision, arch
+    ) as graph_path:
         json_flag = ["--json"] if args.json else []
         done = run_engine(
             [subcommand, str(graph_path), *extra, *json_flag], stream_stderr=stream_stderr
@@ -360,39 +370,56 @@ def _graph_file(
     dtype: str | None,
     save_to: Path | None,
     precision: str | None = None,
+    arch: str | None = None,
 ) -> Iterator[Path]:
-    """Yield a graph file for target: the .json itself, or a fresh trace of the .py."""
+    """Yield a graph file for target: the .json itself, or a fresh trace of the .py (with the
+    layout rewrites for `arch`)."""
     if is_graph:
         yield Path(target)
     elif save_to is not None:
-        _trace_problem(target, dtype, save_to, precision)
+        _trace_problem(target, dtype, save_to, precision, arch)
         yield save_to
     else:
         with tempfile.TemporaryDirectory(prefix="fact-") as folder:
             graph_path = Path(folder) / (Path(target).stem + ".json")
-            _trace_problem(target, dtype, graph_path, precision)
+            _trace_problem(target, dtype, graph_path, precision, arch)
             yield graph_path
 
 
 def _trace_problem(
-    problem: str, dtype: str | None, output: Path, precision: str | None = None
+    problem: str,
+    dtype: str | None,
+    output: Path,
+    precision: str | None = None,
+    arch: str | None = None,
 ) -> None:
-    """Load, trace and save a problem file, with progress on stderr."""
-    from fact.problem import check_problem_path, load_problem  # torch loads only when needed
+    """Load, trace and save a problem file, with progress on stderr. With `arch`, the program
+    gets the layout rewrites fact.optimize gives it for that target (tracer.trace)."""
+    import torch  # loads only when needed
+
+    from fact.problem import check_problem_path, load_problem
     from fact.tracer import save_graph, trace
 
-    if precision is not None:
-        import torch
-
-        torch.set_float32_matmul_precision(precision)
     if Path(problem).suffix == ".json":
         raise FactError(f"{problem} is a graph already; `fact trace` takes a problem file (.py)")
     check_problem_path(problem)
     as_dtype = f" as {dtype}" if dtype else ""
     print(f"tracing {problem}{as_dtype} ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    loaded = load_problem(problem, dtype)
-    graph = trace(loaded.model, loaded.inputs, source=str(problem))
+    previous = torch.get_float32_matmul_precision()
+    if precision is not None:  # the graph records it; restored for the caller afterwards
+        torch.set_float32_matmul_precision(precision)
+    try:
+        loaded = load_problem(problem, dtype)
+        graph = trace(
+            loaded.model,
+            loaded.inputs,
+            source=str(problem),
+            arch=arch,
+            on_rewrite=lambda line: print(f"layout: {line}", file=sys.stderr, flush=True),
+        )
+    finally:
+        torch.set_float32_matmul_precision(previous)
     elapsed = time.perf_counter() - start
     save_graph(graph, output)
     print(f"traced {len(graph['nodes'])} nodes in {elapsed:.1f}s", file=sys.stderr, flush=True)

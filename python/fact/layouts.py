@@ -1,13 +1,14 @@
 """Layout rewrites of an exported graph, before it is planned: a producer writes the layout its
 consumer's kernels read, so that no kernel has to copy between them.
 
-One rewrite so far, `v_transposed`: under TF32 on Hopper, attention's V is produced transposed.
-Hopper's TF32 WGMMAs read shared memory K-major only, so FACT's TF32 attention kernels transpose
-V (batch, seq, heads, dim) into (dim, keys) before P @ V (117 us of 466 at the MiniGPT shape),
-unless V arrives with its keys contiguous, which they read in place (attention ABI version 4,
-`v_stride_d`). A projection can write V that way at no extra cost: V^T = W_v x^T + b_v is a GEMM
-with M = heads * dim and N = batch * seq whose row-major output holds every (batch, head)'s V^T
-with the keys contiguous, and its bias is a column vector in the epilogue. So where V is
+`rewrite` applies those that pay off for a target. One rewrite so far, `v_transposed`: under
+TF32 on Hopper, attention's V is produced transposed. Hopper's TF32 WGMMAs read shared memory
+K-major only, so FACT's TF32 attention kernels transpose V (batch, seq, heads, dim) into (dim,
+keys) before P @ V (117 us of 466 at the MiniGPT shape), unless V arrives with its keys
+contiguous, which they read in place (attention ABI version 4, `v_stride_d`). A projection can
+write V that way at no extra cost: V^T = W_v x^T + b_v is a GEMM with M = heads * dim and N =
+batch * seq whose row-major output holds every (batch, head)'s V^T with the keys contiguous,
+and its bias is a column vector in the epilogue. So where V is
 
     v = linear(x, W, b)                       (a V projection)
     v = split(linear(x, W, b), C, -1)[last]   (the last part of a fused QKV projection)
@@ -219,3 +220,15 @@ def v_transposed(program: torch.export.ExportedProgram) -> list[str]:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def rewrite(
+    program: torch.export.ExportedProgram, dtype: torch.dtype, precision: str, arch: str
+) -> list[str]:
+    """Apply, in place, the layout rewrites that pay off for a `dtype` model under `precision` on
+    `arch` (so far `v_transposed`, for TF32 on Hopper). `fact.optimize` and the CLI's
+    discover, explain and realize of a problem file both plan the rewritten program. Returns a
+    line per rewrite."""
+    if applies_v_transposed(dtype, precision, arch):
+        return v_transposed(program)
+    return []

@@ -19,7 +19,7 @@ import operator
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,27 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
 
 
+def _program_dtype(program: torch.export.ExportedProgram) -> torch.dtype:
+    """model_dtype of an exported program: its first floating-point placeholder's (parameters
+    come first), after any cast."""
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            return val.dtype
+    return torch.float32
+
+
+def model_dtype(module: nn.Module, inputs: Sequence[Any]) -> torch.dtype:
+    """The model's floating-point dtype: its first floating parameter's, else its first floating
+    input's, else float32."""
+    from torch.utils import _pytree as pytree
+
+    for t in list(module.parameters()) + pytree.tree_leaves(list(inputs)):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
 def trace(
     module: nn.Module,
     example_inputs: Sequence[Any] | torch.Tensor,
@@ -69,17 +90,30 @@ def trace(
     dtype: str | None = None,
     source: str | None = None,
     dynamic_shapes: Any = None,
+    arch: str | None = None,
+    on_rewrite: Callable[[str], None] | None = None,
 ) -> dict:
     """Export `module` on `example_inputs` and return its FACT graph as a JSON-ready dict.
 
     `dtype` ("bf16", "fp16", "fp32") first casts the module in place (as `nn.Module.to` does) and
     the floating-point inputs. `source` is recorded for reports (the problem file); it defaults to
     the module's class. `dynamic_shapes` is passed to torch.export; symbolic dims come out as
-    strings such as "s0". Raises `TraceError` when torch.export cannot capture the model.
+    strings such as "s0". With `arch`, the program first gets the layout rewrites that
+    `fact.optimize` gives it for that target under torch's float32 matmul precision
+    (fact.layouts.rewrite; `on_rewrite` is called with a line for each), so that the graph is
+    the one optimize plans; without, it is the graph as exported. Raises `TraceError` when
+    torch.export cannot capture the model.
     """
     program = export_module(
         module, example_inputs, dtype=dtype, source=source, dynamic_shapes=dynamic_shapes
     )
+    if arch is not None:
+        from fact import layouts
+
+        precision = torch.get_float32_matmul_precision()
+        for line in layouts.rewrite(program, _program_dtype(program), precision, arch):
+            if on_rewrite is not None:
+                on_rewrite(line)
     return graph_from_program(
         program, source=source or _class_path(module), model=type(module).__name__
     )

@@ -294,3 +294,60 @@ def test_real_engine_refuses_dynamic_graph(engine_available, tmp_path):
     path = fact.save_graph(graph, tmp_path / "dynamic.json")
     with pytest.raises(EngineError, match="x"):  # the message names the node
         run_engine(["validate", str(path)])
+
+
+def test_problem_files_get_the_layout_rewrites_of_their_target(tmp_path, capsys, fake_engine):
+    """discover, explain and realize of a problem file, and fact.discover(), plan what
+    fact.optimize plans: an fp32 model under TF32 on sm90 gets V^T from its projection
+    (fact.layouts). `fact trace` writes the graph as exported unless --arch names a target.
+    The graph records the precision it was traced under; torch's is restored afterwards."""
+    problem = tmp_path / "attn.py"
+    problem.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from attention_modules import HandWrittenAttention
+            class Model(HandWrittenAttention):
+                pass
+            def get_inputs():
+                return [torch.randn(2, 32, 64)]
+            def get_init_inputs():
+                return []
+            """
+        )
+    )
+    line = "layout: V of linear as V^T (64 x 64, keys contiguous)"
+
+    def ops(graph_file):
+        graph = json.loads(graph_file.read_text())
+        return graph["float32_matmul_precision"], [n["op"] for n in graph["nodes"]]
+
+    before = torch.get_float32_matmul_precision()
+    cases = [
+        (["trace", "--precision", "high"], "high", False),  # the graph as exported
+        (["trace", "--precision", "high", "--arch", "sm90"], "high", True),
+        (["trace", "--precision", "high", "--arch", "sm80"], "high", False),  # no TF32 FMHA
+        (["trace", "--precision", "highest", "--arch", "sm90"], "highest", False),  # fp32-exact
+        (["discover", "--precision", "high"], "high", True),  # sm90 unless --arch says else
+        (["discover", "--precision", "medium", "--arch", "sm90"], "medium", True),
+        (["discover", "--precision", "high", "--arch", "sm80"], "high", False),
+    ]
+    for i, (args, precision, rewritten) in enumerate(cases):
+        out = tmp_path / f"g{i}.json"
+        save = ["-o", str(out)] if args[0] == "trace" else ["--save-graph", str(out)]
+        assert main([args[0], str(problem), *args[1:], *save]) == 0, args
+        err = capsys.readouterr().err
+        recorded, graph_ops = ops(out)
+        assert recorded == precision and ("aten.addmm.default" in graph_ops) is rewritten, args
+        assert (line in err) is rewritten, (args, err)
+        assert torch.get_float32_matmul_precision() == before
+    assert [c["args"][0] for c in fake_engine()] == ["discover"] * 3
+    # the Python API plans the same graph as the CLI (the fake engine logs its node count; the
+    # rewrite adds nodes)
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert fact.discover(str(problem))["subcommand"] == "discover"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert fake_engine()[-1]["nodes"] == len(ops(tmp_path / "g4.json")[1])
+    assert len(ops(tmp_path / "g4.json")[1]) != len(ops(tmp_path / "g0.json")[1])

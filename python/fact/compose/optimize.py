@@ -127,13 +127,6 @@ def _device_of(inputs: Sequence[Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def _model_dtype(inputs: Sequence[Any], model: nn.Module) -> torch.dtype:
-    for t in list(model.parameters()) + pytree.tree_leaves(list(inputs)):
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t.dtype
-    return torch.float32
-
-
 def time_us(fn: Callable[[], Any], device: torch.device, reps: int = PATTERN_REPS) -> float:
     from fact.tune.harness import time_fn
 
@@ -789,14 +782,14 @@ def optimize(
     report go (default: the cache's runs/<key>). implementations(index, pattern): extra
     implementations to consider (tests use PyTorch twins of the kernels on CPU).
     """
-    from fact.layouts import applies_v_transposed, v_transposed
-    from fact.tracer import export_module, graph_from_program, save_graph
+    from fact import layouts
+    from fact.tracer import export_module, graph_from_program, model_dtype, save_graph
 
     progress = Progress(quiet)
     example = [example_inputs] if isinstance(example_inputs, torch.Tensor) else list(example_inputs)
     precision = precision or torch.get_float32_matmul_precision()
     device = _device_of(example)
-    dtype = _model_dtype(example, model)
+    dtype = model_dtype(model, example)
     tol_pattern, tol_e2e = tolerances(dtype, precision)
     started = time.perf_counter()
 
@@ -805,9 +798,8 @@ def optimize(
     torch.set_float32_matmul_precision(precision)
     try:
         exported = export_module(model, example)
-        if applies_v_transposed(dtype, precision, arch):  # before the plan and the composer
-            for line in v_transposed(exported):
-                progress(f"layout: {line}")
+        for line in layouts.rewrite(exported, dtype, precision, arch):  # before the plan
+            progress(f"layout: {line}")
         program = Program(model, exported)
         graph = graph_from_program(
             exported, source=type(model).__name__, model=type(model).__name__
