@@ -22,10 +22,16 @@
 #                        ~3 minutes on 16 cores)
 #   PYTHON               the interpreter (default python3); it needs torch with CUDA and pytest
 #
-# Extra arguments go to pytest, e.g. scripts/gpu_tests.sh -k manifest -s
+# Extra arguments go to pytest, e.g. scripts/gpu_tests.sh -k manifest -s, or
+# scripts/gpu_tests.sh tests/python/test_compose_gpu.py -k attention (that file's tests only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A plain checkout imports fact from python/ (pyproject's pytest `pythonpath` says the same; the
 # tuning workers, separate processes, get it from fact.tune.harness itself)
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-"${PYTHON:-python3}" -m pytest -q -rA -m gpu tests/python "$@"
+# Test files or node ids among the arguments narrow the run; without any, every GPU test runs
+paths=(tests/python)
+for a in "$@"; do
+  if [ -e "${a%%::*}" ]; then paths=(); break; fi
+done
+"${PYTHON:-python3}" -m pytest -q -rA -m gpu "${paths[@]}" "$@"
