@@ -306,22 +306,25 @@ def make_inputs(
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=gen, device=device).to(dt)
 
+    def new_v() -> torch.Tensor:
+        if spec.v_keys:  # (Hk * D, B * Sk) row-major, seen as (B, Hk, Sk, D)
+            return randn(hk * d, b * sk).view(hk, d, b, sk).permute(2, 0, 3, 1)
+        return randn(b, sk, hk, d).transpose(1, 2)
+
     if layout == "fused":
         qkv = randn(b, sq, h + 2 * hk, d)
         q = qkv[:, :, :h].transpose(1, 2)
         k = qkv[:, :, h : h + hk].transpose(1, 2)
-        v = qkv[:, :, h + hk :].transpose(1, 2)
+        v = new_v() if spec.v_keys else qkv[:, :, h + hk :].transpose(1, 2)
     elif spec.fused_qk and sq == sk:  # one (B, S, H + Hk, D) buffer for Q and K
         qk = randn(b, sq, h + hk, d)
         q = qk[:, :, :h].transpose(1, 2)
         k = qk[:, :, h:].transpose(1, 2)
-        v = randn(b, sk, hk, d).transpose(1, 2)
+        v = new_v()
     else:
         q = randn(b, sq, h, d).transpose(1, 2)
         k = randn(b, sk, hk, d).transpose(1, 2)
-        v = randn(b, sk, hk, d).transpose(1, 2)
-    if spec.v_keys:
-        v = randn(hk * d, b * sk).view(hk, d, b, sk).permute(2, 0, 3, 1)
+        v = new_v()
     if spec.out_layout == "bhsd":
         o = torch.full((b, h, sq, d), math.nan, dtype=dt, device=device)
     else:
