@@ -62,24 +62,18 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
 
 
-def _program_dtype(program: torch.export.ExportedProgram) -> torch.dtype:
-    """model_dtype of an exported program: its first floating-point placeholder's (parameters
-    come first), after any cast."""
-    for node in program.graph.nodes:
-        val = node.meta.get("val") if node.op == "placeholder" else None
-        if isinstance(val, torch.Tensor) and val.is_floating_point():
-            return val.dtype
-    return torch.float32
+def model_dtype(program: torch.export.ExportedProgram) -> torch.dtype:
+    """The exported model's floating-point dtype (after any cast): its first floating
+    parameter's, else its first floating input's, else float32."""
+    from torch.export.graph_signature import InputKind
 
-
-def model_dtype(module: nn.Module, inputs: Sequence[Any]) -> torch.dtype:
-    """The model's floating-point dtype: its first floating parameter's, else its first floating
-    input's, else float32."""
-    from torch.utils import _pytree as pytree
-
-    for t in list(module.parameters()) + pytree.tree_leaves(list(inputs)):
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t.dtype
+    vals = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    specs = program.graph_signature.input_specs
+    for kind in (InputKind.PARAMETER, InputKind.USER_INPUT):
+        for spec in specs:
+            val = vals.get(spec.arg.name) if spec.kind == kind else None
+            if isinstance(val, torch.Tensor) and val.is_floating_point():
+                return val.dtype
     return torch.float32
 
 
@@ -111,7 +105,7 @@ def trace(
         from fact import layouts
 
         precision = torch.get_float32_matmul_precision()
-        for line in layouts.rewrite(program, _program_dtype(program), precision, arch):
+        for line in layouts.rewrite(program, model_dtype(program), precision, arch):
             if on_rewrite is not None:
                 on_rewrite(line)
     return graph_from_program(

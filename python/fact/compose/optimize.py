@@ -789,8 +789,6 @@ def optimize(
     example = [example_inputs] if isinstance(example_inputs, torch.Tensor) else list(example_inputs)
     precision = precision or torch.get_float32_matmul_precision()
     device = _device_of(example)
-    dtype = model_dtype(model, example)
-    tol_pattern, tol_e2e = tolerances(dtype, precision)
     started = time.perf_counter()
 
     progress(f"tracing {type(model).__name__}")
@@ -798,6 +796,8 @@ def optimize(
     torch.set_float32_matmul_precision(precision)
     try:
         exported = export_module(model, example)
+        dtype = model_dtype(exported)
+        tol_pattern, tol_e2e = tolerances(dtype, precision)
         for line in layouts.rewrite(exported, dtype, precision, arch):  # before the plan
             progress(f"layout: {line}")
         program = Program(model, exported)
