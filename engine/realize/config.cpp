@@ -63,12 +63,14 @@ std::pair<int, int> multistage_warps(const GemmConfig& c) {
 std::string LaunchKnobs::name() const {
   const std::string r = raster == "heuristic" ? "heur" : raster == "along_m" ? "m" : "n";
   return "r_" + r + "_s" + std::to_string(max_swizzle) + "_k" + std::to_string(splits) +
-         (reduction == "nondeterministic" ? "_nd" : "");
+         (reduction == "nondeterministic" ? "_nd" : "") +
+         (decomposition == "stream_k" ? "_sk" : decomposition == "data_parallel" ? "_dp" : "");
 }
 
 nlohmann::json LaunchKnobs::to_json() const {
   nlohmann::json j = {{"raster", raster}, {"max_swizzle", max_swizzle}, {"splits", splits}};
   if (reduction != "deterministic") j["reduction"] = reduction;
+  if (decomposition != "heuristic") j["decomposition"] = decomposition;
   return j;
 }
 

@@ -44,8 +44,14 @@ struct LaunchKnobs {
   // How a split tile's partial sums are added (stream_k scheduler): deterministic (in K order)
   // or nondeterministic (atomic adds, in arrival order; the last bits may differ between runs).
   std::string reduction = "deterministic";
+  // How output tiles are shared out (stream_k scheduler): heuristic (CUTLASS's: stream-K only
+  // for a last wave less than half full), stream_k (whenever the last wave is partial) or
+  // data_parallel.
+  std::string decomposition = "heuristic";
 
-  std::string name() const;  // "r_heur_s1_k1", "r_heur_s1_k1_nd" for a nondeterministic reduction
+  // "r_heur_s1_k1"; "_nd" for a nondeterministic reduction, "_sk" / "_dp" for a stream-K /
+  // data-parallel decomposition
+  std::string name() const;
   nlohmann::json to_json() const;
 };
 

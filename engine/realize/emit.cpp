@@ -608,10 +608,17 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   std::string checks = leaves.checks;
   checks += "  if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, \"reduction knob must be 0 "
             "(deterministic) or 1 (nondeterministic)\");\n";
-  if (c.tile_scheduler != "stream_k") {
+  checks += "  if (p->decomposition < 0 || p->decomposition > 2) return fail(FACT_INVALID_ARGS, \"decomposition knob must "
+            "be 0 (heuristic), 1 (stream-K) or 2 (data-parallel)\");\n";
+  if (c.tile_scheduler == "stream_k") {
+    checks += "  if (p->decomposition != 0 && p->splits > 1) return fail(FACT_INVALID_ARGS, \"split-K (splits > 1) "
+              "takes the heuristic decomposition\");\n";
+  } else {
     checks += "  if (p->splits > 1) return fail(FACT_INVALID_ARGS, \"split-K needs a stream_k kernel\");\n";
     checks += "  if (p->reduction != 0) return fail(FACT_INVALID_ARGS, \"a nondeterministic reduction needs a stream_k "
               "kernel\");\n";
+    checks += "  if (p->decomposition != 0) return fail(FACT_INVALID_ARGS, \"a decomposition other than the heuristic "
+              "needs a stream_k kernel\");\n";
   }
   const bool coop = c.kernel_schedule == "cooperative";
   auto vars = gemm_vars(spec, c, leaves, k.name);
@@ -633,8 +640,12 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
                                ? "a.scheduler.splits = p->splits > 0 ? p->splits : 1;\n"
                                  "  using Reduction = decltype(a.scheduler.reduction_mode);\n"
                                  "  a.scheduler.reduction_mode = p->reduction == 1 ? Reduction::Nondeterministic\n"
-                                 "                                                 : Reduction::Deterministic;"
-                               : "// persistent scheduler: no split-K, no reduction"},
+                                 "                                                 : Reduction::Deterministic;\n"
+                                 "  using Decomposition = decltype(a.scheduler.decomposition_mode);\n"
+                                 "  a.scheduler.decomposition_mode = p->decomposition == 1 ? Decomposition::StreamK\n"
+                                 "                                 : p->decomposition == 2 ? Decomposition::DataParallel\n"
+                                 "                                                         : Decomposition::Heuristic;"
+                               : "// persistent scheduler: no split-K, no reduction, no decomposition"},
       {"operand_checks", checks},
   });
   k.source = substitute(templates::kGemmSm90, vars);

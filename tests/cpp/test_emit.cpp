@@ -116,10 +116,14 @@ TEST(Emit, Tf32StreamKSplitsAreARuntimeKnob) {
   EXPECT_NE(k.source.find("cutlass::gemm::StreamKScheduler"), std::string::npos);
   EXPECT_NE(k.source.find("a.scheduler.splits = p->splits"), std::string::npos);
   EXPECT_NE(k.source.find("p->reduction == 1 ? Reduction::Nondeterministic"), std::string::npos);
+  EXPECT_NE(k.source.find("p->decomposition == 1 ? Decomposition::StreamK"), std::string::npos);
+  EXPECT_NE(k.source.find("\"split-K (splits > 1) takes the heuristic decomposition\""), std::string::npos);
   EXPECT_EQ(k.source.find("needs a stream_k kernel"), std::string::npos);
   EXPECT_EQ(k.source.find("fast_tanh"), std::string::npos);  // f32 output keeps accurate libm
-  // a persistent kernel refuses both stream-K knobs
+  // a persistent kernel refuses the stream-K knobs
   const auto p = emit_gemm_sm90(spec, config(128, 128, 32, 1, 1, "cooperative"));
+  EXPECT_NE(p.source.find("\"a decomposition other than the heuristic needs a stream_k kernel\""), std::string::npos);
+  EXPECT_EQ(p.source.find("Decomposition::"), std::string::npos);
   EXPECT_NE(p.source.find("\"a nondeterministic reduction needs a stream_k kernel\""), std::string::npos);
   EXPECT_NE(p.source.find("\"split-K needs a stream_k kernel\""), std::string::npos);
   expect_golden(k, "gemm_f32_rc_tf32_streamk.cu");
@@ -167,6 +171,12 @@ TEST(Emit, LaunchKnobsNameAndJsonCarryTheReduction) {
   EXPECT_EQ(k.name(), "r_m_s1_k4_nd");
   EXPECT_EQ(k.to_json(), json({{"raster", "along_m"}, {"max_swizzle", 1}, {"splits", 4},
                                {"reduction", "nondeterministic"}}));
+  k.splits = 1;
+  k.decomposition = "stream_k";
+  EXPECT_EQ(k.name(), "r_m_s1_k1_nd_sk");
+  EXPECT_EQ(k.to_json().at("decomposition"), "stream_k");
+  k.decomposition = "data_parallel";
+  EXPECT_EQ(k.name(), "r_m_s1_k1_nd_dp");
 }
 
 TEST(Emit, KernelNameChangesWithTheEpilogueButNotWithNodeNames) {

@@ -446,7 +446,7 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         ptr = ctypes.sizeof(ctypes.c_void_p)
         assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
         assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
-        assert c["version"] == abi.FACT_ABI_VERSION == 4
+        assert c["version"] == abi.FACT_ABI_VERSION == 5
         assert c["max_parts"] == abi.FACT_MAX_GEMM_PARTS == 8
     if struct is abi.FactPointwiseArgs:
         assert c["max_rank"] == abi.FACT_POINTWISE_MAX_RANK == 8
@@ -473,7 +473,7 @@ int main(void) {
 def test_kernel_library_end_to_end(fake_kernels):
     info = {"family": "gemm", "config": {"name": "t128x128x64"}}
     lib = KernelLibrary(fake_kernels("recorder", mode="record", info=info))
-    assert lib.abi_version == abi.FACT_ABI_VERSION == 4
+    assert lib.abi_version == abi.FACT_ABI_VERSION == 5
     assert lib.name == "recorder"
     assert lib.info == info
     args = FactGemmArgs()
@@ -519,7 +519,7 @@ def test_kernel_library_end_to_end(fake_kernels):
 
 def test_kernel_library_refuses_other_abi_version(fake_kernels):
     path = fake_kernels("version1", FAKE_VERSION=1)
-    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 4"):
+    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 5"):
         KernelLibrary(path)
 
 
@@ -1113,6 +1113,11 @@ def test_knobs_reach_the_args():
     assert gemm_args(inputs, {"reduction": 1}).reduction == 1
     with pytest.raises(FactError, match="reduction knob 'atomic' is not one of"):
         gemm_args(inputs, {"reduction": "atomic"})
+    assert args.decomposition == 0  # CUTLASS's heuristic unless asked
+    assert gemm_args(inputs, {"decomposition": "stream_k"}).decomposition == 1
+    assert gemm_args(inputs, {"decomposition": "data_parallel"}).decomposition == 2
+    with pytest.raises(FactError, match="decomposition knob 'split_k' is not one of"):
+        gemm_args(inputs, {"decomposition": "split_k"})
 
 
 def test_deterministic_mode_overrides_a_tuned_nondeterministic_reduction():
@@ -1242,20 +1247,25 @@ def test_knob_combinations_and_info_checks():
     combos = knob_combinations({"search_space": {"raster": ["along_m"], "swizzle": [1, 2]}})
     assert combos[0] == DEFAULT_KNOBS and len(combos) == 3
     stream_k = knob_combinations(None, {"tile_scheduler": "stream_k"})
-    assert len(stream_k) == 14  # + split-K 2, 4 + nondeterministic with 3 raster orders
+    # + split-K 2, 4 + the stream-K decomposition + nondeterministic with 3 raster orders and
+    # with the stream-K decomposition
+    assert len(stream_k) == 16
     assert [k["raster"] for k in stream_k if k.get("reduction") == "nondeterministic"] == [
         "heuristic",
         "along_m",
         "along_n",
+        "heuristic",
     ]
-    assert [knob_name(k) for k in stream_k[-3:]] == [
+    assert [knob_name(k) for k in stream_k[-5:]] == [
+        "r_heur_s1_k1_sk",
         "r_heur_s1_k1_nd",
         "r_m_s1_k1_nd",
         "r_n_s1_k1_nd",
+        "r_heur_s1_k1_nd_sk",
     ]
     # PyTorch's deterministic mode keeps the atomic reduction out of the sweep
     deterministic = knob_combinations(None, {"tile_scheduler": "stream_k"}, deterministic=True)
-    assert deterministic == stream_k[:11]
+    assert deterministic == stream_k[:12]
     persistent = knob_combinations(None, {"tile_scheduler": "persistent"})
     assert not any("reduction" in k for k in persistent)
     assert knob_combinations(mode="default") == [DEFAULT_KNOBS]

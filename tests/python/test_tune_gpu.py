@@ -246,25 +246,38 @@ def test_manifest_kernel(entry, pattern):
 
 
 def _check_reductions(lib, pattern, problem, precision):
-    """A stream-K kernel's deterministic reduction gives the same bits on every run; the
-    nondeterministic one (atomic adds) is as accurate."""
+    """A stream-K kernel's deterministic reduction gives the same bits on every run, under each
+    decomposition (CUTLASS's heuristic, stream-K forced, data-parallel); the nondeterministic
+    one (atomic adds) is as accurate; a forced decomposition with split-K is refused."""
+    from fact.tune.abi import Status
     from fact.tune.harness import _launch, resolve_pattern_problem
 
     spec = gemm_spec(pattern)
     inputs = make_inputs(spec, resolve_pattern_problem(pattern, problem), "cuda")
     ref = reference(spec, inputs.A, inputs.B, inputs.operands)
     outs = {}
-    for reduction in ("deterministic", "nondeterministic"):
+    variants = [
+        ("deterministic", "heuristic"),
+        ("nondeterministic", "heuristic"),
+        ("deterministic", "stream_k"),
+        ("nondeterministic", "stream_k"),
+        ("deterministic", "data_parallel"),
+    ]
+    for reduction, decomposition in variants:
         for run in range(3):
             inputs.D.fill_(float("nan"))
-            knobs = {"raster": "heuristic", "max_swizzle": 1, "splits": 1, "reduction": reduction}
+            knobs = {"splits": 1, "reduction": reduction, "decomposition": decomposition}
             status, message = _launch(lib, inputs, gemm_args(inputs, knobs), inputs.A.device)
-            assert status == 0, message
+            assert status == 0, f"{reduction}, {decomposition}: {message}"
             err, why = rel_err(inputs.D, ref)
-            assert err <= tolerance(pattern, precision), f"{reduction}: {why}"
-            outs[reduction, run] = inputs.D.clone()
-    first = outs["deterministic", 0]
-    assert all(torch.equal(first, outs["deterministic", r]) for r in (1, 2))
+            assert err <= tolerance(pattern, precision), f"{reduction}, {decomposition}: {why}"
+            outs[reduction, decomposition, run] = inputs.D.clone()
+    for decomposition in ("heuristic", "stream_k", "data_parallel"):
+        first = outs["deterministic", decomposition, 0]
+        assert all(torch.equal(first, outs["deterministic", decomposition, r]) for r in (1, 2))
+    args = gemm_args(inputs, {"splits": 2, "decomposition": "stream_k"})
+    assert lib.can_implement(args) == Status.INVALID_ARGS
+    assert "heuristic decomposition" in lib.last_error()
 
 
 # ---------------------------------------------------------------------------------------------

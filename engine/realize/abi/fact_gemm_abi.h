@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 4: what every generated GEMM-family kernel library exports.
+/* FACT kernel C ABI, version 5: what every generated GEMM-family kernel library exports.
  *
  * A generated .so is loaded with dlopen and driven through these symbols; no libtorch, no C++
  * types cross the boundary. Sizes and leading dimensions are in elements. Status codes:
@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 4
+#define FACT_ABI_VERSION 5
 #define FACT_MAX_EPILOGUE_OPERANDS 8
 #define FACT_MAX_GEMM_PARTS 8
 
@@ -57,8 +57,13 @@ typedef struct FactGemmArgs {
    * (stream-K kernels only; 1 = none). sm_count 0 = query the device. reduction (stream-K kernels
    * only): how the CTAs sharing an output tile sum their partial accumulators; 0 deterministic
    * (one after another, in K order: the same bits every run), 1 nondeterministic (atomic adds in
-   * whatever order they arrive: faster with many peers, the last bits may differ between runs). */
-  int raster, max_swizzle, splits, sm_count, reduction;
+   * whatever order they arrive: faster with many peers, the last bits may differ between runs).
+   * decomposition (stream-K kernels only; version 5): how output tiles are shared out over the
+   * persistent CTAs; 0 CUTLASS's heuristic (stream-K only when the last wave is less than half
+   * full; split-K when splits > 1), 1 stream-K whenever the last wave is partial (the last two
+   * waves' tiles spread evenly over every CTA, the rest data-parallel), 2 data-parallel (one CTA
+   * per tile). 1 and 2 need splits 1. */
+  int raster, max_swizzle, splits, sm_count, reduction, decomposition;
   /* Horizontally fused (grouped) kernels only: one GEMM per part over the shared A (m, k, a,
    * lda as above; batch 1; n is the parts' sum; b, ldb, d, ldd unused). 0 for every other
    * kernel, which refuses parts. */

@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 4 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 5 (engine/realize/abi/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from fact.errors import FactError
 
-FACT_ABI_VERSION = 4
+FACT_ABI_VERSION = 5
 FACT_MAX_EPILOGUE_OPERANDS = 8
 FACT_MAX_GEMM_PARTS = 8
 FACT_POINTWISE_MAX_RANK = 8
@@ -54,6 +54,9 @@ _N = FACT_MAX_EPILOGUE_OPERANDS
 RASTER = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: Run-time reduction knob of stream-K kernels: how partial sums of a split tile are added.
 REDUCTION = {"deterministic": 0, "nondeterministic": 1}
+#: Run-time decomposition knob of stream-K kernels: how output tiles are shared out over the
+#: persistent CTAs (CUTLASS's heuristic; stream-K whenever the last wave is partial; data-parallel).
+DECOMPOSITION = {"heuristic": 0, "stream_k": 1, "data_parallel": 2}
 
 
 def nondeterministic(knobs: dict[str, Any]) -> bool:
@@ -103,6 +106,7 @@ class FactGemmArgs(ctypes.Structure):
         ("splits", ctypes.c_int),
         ("sm_count", ctypes.c_int),
         ("reduction", ctypes.c_int),
+        ("decomposition", ctypes.c_int),
         ("n_parts", ctypes.c_int),
         ("parts", FactGemmPart * FACT_MAX_GEMM_PARTS),
     ]

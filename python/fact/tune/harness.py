@@ -564,9 +564,11 @@ def knob_combinations(
 ) -> list[dict[str, Any]]:
     """Launch knobs to time a kernel with (LaunchKnobs JSON). "default": the heuristic only.
     "sweep": that, plus raster x swizzle from the pattern's search_space (along_m/along_n x
-    1/2/4/8 when it has none), plus split-K 2 and 4 for stream-K kernels, and for those (unless
-    `deterministic`, PyTorch's torch.use_deterministic_algorithms) the nondeterministic
-    reduction with each raster order and no swizzle. An sm80 multistage kernel takes the default
+    1/2/4/8 when it has none), plus, for stream-K kernels, split-K 2 and 4, the stream-K
+    decomposition (whenever the last wave is partial, where CUTLASS's heuristic wants it less
+    than half full), and (unless `deterministic`, PyTorch's torch.use_deterministic_algorithms)
+    the nondeterministic reduction with each raster order and no swizzle, and with the stream-K
+    decomposition. An sm80 multistage kernel takes the default
     alone: its threadblock swizzle is fixed and it has no split-K. A grouped (horizontal) kernel
     has no raster heuristic: its default launch is along M."""
     if mode not in ("default", "sweep"):
@@ -584,9 +586,12 @@ def knob_combinations(
     combos += [{"raster": r, "max_swizzle": s, "splits": 1} for r in rasters for s in swizzles]
     if config and config.get("tile_scheduler") == "stream_k":
         combos += [{"raster": "heuristic", "max_swizzle": 1, "splits": s} for s in (2, 4)]
+        sk = {"raster": "heuristic", "max_swizzle": 1, "splits": 1, "decomposition": "stream_k"}
+        combos.append(sk)
         if not deterministic:
             nd = {"max_swizzle": 1, "splits": 1, "reduction": "nondeterministic"}
             combos += [{"raster": r, **nd} for r in ["heuristic", *rasters]]
+            combos.append({**sk, "reduction": "nondeterministic"})
     unique: list[dict[str, Any]] = []
     for c in combos:
         if c not in unique:
@@ -595,12 +600,15 @@ def knob_combinations(
 
 
 def knob_name(knobs: Mapping[str, Any]) -> str:
-    """LaunchKnobs::name(): 'r_heur_s1_k1', 'r_heur_s1_k1_nd' with a nondeterministic reduction."""
+    """LaunchKnobs::name(): 'r_heur_s1_k1'; '_nd' for a nondeterministic reduction, '_sk' /
+    '_dp' for a stream-K / data-parallel decomposition."""
     raster = knobs.get("raster", "heuristic")
     short = {"heuristic": "heur", "along_m": "m", "along_n": "n", 0: "heur", 1: "m", 2: "n"}
     nd = "_nd" if nondeterministic(knobs) else ""
+    decomposition = knobs.get("decomposition", "heuristic")
+    dec = {"stream_k": "_sk", 1: "_sk", "data_parallel": "_dp", 2: "_dp"}.get(decomposition, "")
     swizzle, splits = knobs.get("max_swizzle", 1), knobs.get("splits", 1)
-    return f"r_{short.get(raster, raster)}_s{swizzle}_k{splits}{nd}"
+    return f"r_{short.get(raster, raster)}_s{swizzle}_k{splits}{nd}{dec}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1452,7 +1460,8 @@ def _parse_knobs(text: str | None) -> tuple[str, list[dict[str, Any]] | None]:
         raise FactError(f"--knobs: not 'default', 'sweep' or a JSON list: {exc}") from exc
     if not isinstance(knobs, list) or not all(isinstance(k, dict) for k in knobs):
         raise FactError(
-            "--knobs: the JSON must be a list of {raster, max_swizzle, splits, reduction}"
+            "--knobs: the JSON must be a list of "
+            "{raster, max_swizzle, splits, reduction, decomposition}"
         )
     return "list", knobs
 

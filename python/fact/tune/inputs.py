@@ -18,6 +18,7 @@ import torch
 
 from fact.errors import FactError
 from fact.tune.abi import (
+    DECOMPOSITION,
     FACT_MAX_EPILOGUE_OPERANDS,
     FACT_MAX_GEMM_PARTS,
     RASTER,
@@ -209,7 +210,7 @@ def make_inputs(
 
 def _knob(knobs: Mapping[str, Any], key: str, default: int) -> int:
     value = knobs.get(key, default)
-    names = {"raster": RASTER, "reduction": REDUCTION}.get(key)
+    names = {"raster": RASTER, "reduction": REDUCTION, "decomposition": DECOMPOSITION}.get(key)
     if names is not None and isinstance(value, str):
         if value not in names:
             raise FactError(f"{key} knob {value!r} is not one of {sorted(names)}")
@@ -241,8 +242,9 @@ def gemm_args(
     """FactGemmArgs pointing at `inputs` (keep `inputs` alive while the kernel may run).
 
     knobs: LaunchKnobs JSON ({"raster": "heuristic" | "along_m" | "along_n", "max_swizzle":
-    1/2/4/8, "splits": n, "reduction": "deterministic" | "nondeterministic"}); raster and
-    reduction may also be the ABI's ints. A missing knob takes its default.
+    1/2/4/8, "splits": n, "reduction": "deterministic" | "nondeterministic", "decomposition":
+    "heuristic" | "stream_k" | "data_parallel"}); raster, reduction and decomposition may also be
+    the ABI's ints. A missing knob takes its default.
     """
     knobs = knobs or {}
     p = inputs.problem
@@ -288,6 +290,7 @@ def set_knobs(args: FactGemmArgs, knobs: Mapping[str, Any], sm_count: int = 0) -
     args.max_swizzle = _knob(knobs, "max_swizzle", 1)
     args.splits = _knob(knobs, "splits", 1)
     args.reduction = _knob(knobs, "reduction", 0)
+    args.decomposition = _knob(knobs, "decomposition", 0)
     args.sm_count = int(sm_count)
 
 

@@ -149,8 +149,10 @@ int max_active_clusters(int device) {
 int check_problem(const FactGemmArgs* p) {
   if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (row) is null");
   if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, "reduction knob must be 0 (deterministic) or 1 (nondeterministic)");
+  if (p->decomposition < 0 || p->decomposition > 2) return fail(FACT_INVALID_ARGS, "decomposition knob must be 0 (heuristic), 1 (stream-K) or 2 (data-parallel)");
   if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
   if (p->reduction != 0) return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel");
+  if (p->decomposition != 0) return fail(FACT_INVALID_ARGS, "a decomposition other than the heuristic needs a stream_k kernel");
 
   return FACT_OK;
 }
@@ -175,7 +177,7 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
   a.scheduler.raster_order = p->raster == 1 ? Raster::AlongM : p->raster == 2 ? Raster::AlongN : Raster::Heuristic;
   a.scheduler.max_swizzle_size = p->max_swizzle > 0 ? p->max_swizzle : 1;
-  // persistent scheduler: no split-K, no reduction
+  // persistent scheduler: no split-K, no reduction, no decomposition
   args = a;
   return true;
 }

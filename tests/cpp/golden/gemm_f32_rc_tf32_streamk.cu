@@ -144,6 +144,8 @@ int max_active_clusters(int device) {
 // What this kernel refuses besides CUTLASS's own checks: null operands, launch knobs it lacks.
 int check_problem(const FactGemmArgs* p) {
   if (p->reduction != 0 && p->reduction != 1) return fail(FACT_INVALID_ARGS, "reduction knob must be 0 (deterministic) or 1 (nondeterministic)");
+  if (p->decomposition < 0 || p->decomposition > 2) return fail(FACT_INVALID_ARGS, "decomposition knob must be 0 (heuristic), 1 (stream-K) or 2 (data-parallel)");
+  if (p->decomposition != 0 && p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K (splits > 1) takes the heuristic decomposition");
 
   return FACT_OK;
 }
@@ -172,6 +174,10 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   using Reduction = decltype(a.scheduler.reduction_mode);
   a.scheduler.reduction_mode = p->reduction == 1 ? Reduction::Nondeterministic
                                                  : Reduction::Deterministic;
+  using Decomposition = decltype(a.scheduler.decomposition_mode);
+  a.scheduler.decomposition_mode = p->decomposition == 1 ? Decomposition::StreamK
+                                 : p->decomposition == 2 ? Decomposition::DataParallel
+                                                         : Decomposition::Heuristic;
   args = a;
   return true;
 }

@@ -125,6 +125,9 @@ int check_problem(const FactGemmArgs* p) {
   if (p->reduction != 0) {
     return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel (this is an sm80 kernel)");
   }
+  if (p->decomposition != 0) {
+    return fail(FACT_INVALID_ARGS, "a decomposition other than the heuristic needs a stream_k kernel (this is an sm80 kernel)");
+  }
   if (p->batch > 65535) return fail(FACT_NOT_SUPPORTED, "more than 65535 batches (the grid's z limit)");
   if (!aligned(p->a) || !aligned(p->b) || !aligned(p->d) || p->lda % kAlignA || p->ldb % kAlignB ||
       p->ldd % kAlignD || (p->batch > 1 && (p->batch_stride_a % kAlignA || p->batch_stride_b % kAlignB ||

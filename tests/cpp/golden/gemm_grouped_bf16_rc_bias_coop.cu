@@ -242,6 +242,9 @@ int read_parts(const FactGemmArgs* p, Parts& parts) {
   if (p->m > INT32_MAX || p->k > INT32_MAX) return fail(FACT_NOT_SUPPORTED, "sizes beyond the kernel's 32-bit extents");
   if (p->splits > 1) return fail(FACT_INVALID_ARGS, "split-K needs a stream_k kernel");
   if (p->reduction != 0) return fail(FACT_INVALID_ARGS, "a nondeterministic reduction needs a stream_k kernel");
+  if (p->decomposition != 0) {
+    return fail(FACT_INVALID_ARGS, "a decomposition other than the heuristic needs a stream_k kernel");
+  }
   parts.count = p->n_parts;
   parts.m = static_cast<int>(p->m);
   parts.k = static_cast<int>(p->k);
