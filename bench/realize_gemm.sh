@@ -19,8 +19,8 @@ for set in ${SETS:-bf16 tf32}; do
         .venv/bin/fact realize "bench/problems/$problem.py" --dtype bf16 --candidates "$candidates" \
           --out "$out/${problem}_bf16"
       done ;;
-    tf32)
-      for problem in gemm_square gemm_batched gemm_large_k; do
+    tf32)  # B K-major (a @ w.t()): TF32 WGMMAs take no other layout, so FACT refuses a row-major B
+      for problem in gemm_square_tn gemm_batched_tn gemm_large_k_tn; do
         .venv/bin/fact realize "bench/problems/$problem.py" --dtype fp32 --precision high \
           --candidates "$candidates" --out "$out/${problem}_tf32"
       done ;;

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "discover/cost_model.h"
@@ -98,11 +99,20 @@ constexpr double kLoadLatency = 0.6e-6;
 // saved; so a 256x128 tile favours a 1x2 cluster (x1.02) over 2x1 (x1.01), as measured on the H200
 // (bench/results/2026-11-30-clusters/).
 constexpr double kClusterGainMax = 0.06;
-// Stream-K: the partial accumulators of split tiles go through a global workspace and are summed
-// by the tile's last worker: about a tenth of a tile's time.
 // H200 L2: 60 MB (50 MB usable for operand reuse, a rule of thumb).
 constexpr double kL2Bytes = 50e6;
-constexpr double kStreamKFixup = 0.10;
+// Stream-K: each CTA's share of the split tiles' K iterations spans a few tiles, and for each it
+// writes or reads a partial fp32 accumulator tile through a global workspace (the fixup). The
+// model charges every such tile twice its accumulator bytes at the CTA's share of the memory
+// bandwidth. On the H200 the forced stream-K decomposition of a 4096^3 bf16 GEMM in 128x256
+// tiles (248 split tiles over 132 SMs, about 3 partial tiles an SM) ran 193.6 us against 180.1
+// for 4 data-parallel waves (bench/results/2026-12-02-decomposition/): the fixup cost about 20 us,
+// where the 0.10-of-the-work rule it replaces said 8.
+constexpr double kStreamKFixupTraffic = 2.0;
+// The stream-K scheduler itself (its work assignment, the workspace's barriers) costs about 2 %
+// even where it runs every tile data-parallel: 183.2 against 180.1 us (bf16, 128x256 tiles) and
+// 339.8 against 337.5 (TF32) on the same square GEMMs.
+constexpr double kStreamKOverhead = 1.02;
 // Registry boosts: a config measured within 10% of the best on a problem counts as "measured
 // well". Same problem: ranked as measured, ahead of unmeasured configs (scored at half the best
 // estimate, scaled by the measured time over the best measured there); nearest problems: up to
@@ -350,6 +360,31 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// Why a pattern gets no kernel when the filter drops every config: the reasons all of them share
+// (a dtype or layout the kernels cannot take), else the most frequent one.
+std::string why_none_kept(const std::vector<Dropped>& dropped) {
+  std::map<std::string, size_t> count;
+  for (const auto& d : dropped) {
+    std::set<std::string> parts;
+    for (size_t at = 0; at <= d.reason.size();) {
+      const auto end = std::min(d.reason.find("; ", at), d.reason.size());
+      parts.insert(d.reason.substr(at, end - at));
+      at = end + 2;
+    }
+    for (const auto& part : parts) ++count[part];
+  }
+  std::vector<std::string> shared;
+  std::pair<std::string, size_t> most{"", 0};
+  for (const auto& [reason, n] : count) {
+    if (n == dropped.size()) shared.push_back(reason);
+    if (n > most.second) most = {reason, n};
+  }
+  const std::string head = "every one of the " + std::to_string(dropped.size()) + " configs was dropped";
+  if (!shared.empty()) return head + ": " + join(shared);
+  return head + " (candidates/pattern-N.json has each reason); most often (" + std::to_string(most.second) +
+         "): " + most.first;
+}
+
 }  // namespace
 
 // -----------------------------------------------------------------------------------------------
@@ -470,8 +505,9 @@ std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& 
   } else if (is_8bit_float(p.dtype_a)) {
     tile_k = {128};
   }
-  // Stream-K earns its fixup cost when K dominates (few, long tiles) or a config's tiles do not
-  // fill one wave of SMs; otherwise the plain persistent scheduler is listed alone.
+  // Stream-K earns its fixup cost when K dominates (few, long tiles) or a config's tiles leave
+  // the last wave of SMs partly idle (the tuner's decomposition knob then shares the last two
+  // waves' tiles out evenly); otherwise the plain persistent scheduler is listed alone.
   const bool long_k = p.k >= 8 * std::max(p.m, p.n);
   std::vector<GemmConfig> out;
   for (int tm : kTileMN) {
@@ -493,7 +529,7 @@ std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& 
             out.push_back(c);
             if (p.family == "horizontal_gemm") continue;  // the grouped kernel: no stream-K form
             const int64_t tiles = ceil_div(p.m, tm) * ceil_div(p.n, tn) * std::max<int64_t>(1, p.batch);
-            if (long_k || tiles < kSm90SmCount) {
+            if (long_k || tiles % sm90_cluster_sms(cl[0] * cl[1]) != 0) {
               c.tile_scheduler = "stream_k";
               out.push_back(c);
             }
@@ -521,13 +557,14 @@ FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& co
   return r;
 }
 
-// Stream-K tiles among `tiles` on `sms` CTAs, as CUTLASS's heuristic decomposition picks them
-// (tile_scheduler_params.h, get_num_sk_tiles): none when the tiles fill whole waves or the last
-// wave is at least half full; else the last two waves' worth (all tiles below two full waves),
-// the others data-parallel.
-static int64_t stream_k_tiles(int64_t tiles, int64_t sms) {
+// Stream-K tiles among `tiles` on `sms` CTAs, as CUTLASS decomposes them
+// (tile_scheduler_params.h, get_num_sk_tiles): none when the tiles fill whole waves, or, under
+// its heuristic (`forced` false), when the last wave is at least half full; else the last two
+// waves' worth (all tiles below two full waves), the others data-parallel. `forced` is the
+// stream-K decomposition knob (LaunchKnobs::decomposition).
+static int64_t stream_k_tiles(int64_t tiles, int64_t sms, bool forced) {
   const int64_t full = tiles / sms, tail = tiles - full * sms;
-  if (tail == 0 || 2 * tail >= sms) return 0;
+  if (tail == 0 || (!forced && 2 * tail >= sms)) return 0;
   return tiles - (full > 1 ? full - 1 : 0) * sms;
 }
 
@@ -629,7 +666,10 @@ static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms
 //   persistent: ceil(tiles / SMs) waves of t_tile;
 //   stream_k  : as CUTLASS decomposes it (stream_k_tiles): the stream-K tiles' K iterations
 //               spread evenly over the SMs, plus a fixup, after the data-parallel waves; all
-//               data-parallel (+1%) when the waves are whole or the last one at least half full;
+//               data-parallel when the waves are whole; the scheduler's own overhead (+2%)
+//               either way; where CUTLASS's heuristic runs a
+//               partial last wave data-parallel, the faster of that and the forced stream-K
+//               decomposition (a run-time knob the tuner sweeps);
 //   memory    = the operands' bytes, where an operand bigger than L2 is read more than once
 //               (operand_reads); re-reads of one that fits in L2 hit L2;
 //   time      = max(that, memory / bandwidth).
@@ -678,23 +718,40 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
   const int64_t waves = ceil_div(tiles, sms);
   const int64_t last = tiles - (waves - 1) * sms;
   double t_compute = static_cast<double>(waves) * t_tile;
-  const int64_t sk_tiles = c.tile_scheduler == "stream_k" ? stream_k_tiles(tiles, sms) : 0;
+  int64_t sk_tiles = 0;
   if (c.tile_scheduler == "stream_k") {
-    if (sk_tiles == 0) {
-      t_compute *= 1.01;
-      reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) +
-                        " tiles: whole waves, or a last wave at least half full)");
-    } else {
-      const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
-      const double t_iter = t_tile / static_cast<double>(k_iters);
-      const int64_t dp_waves = (tiles - sk_tiles) / sms;
+    // The stream-K time of `n` stream-K tiles: their K iterations spread over the SMs after the
+    // data-parallel waves, plus the fixup: each SM's share spans ceil(share / K iterations a
+    // tile) + 1 tiles at most, each a partial accumulator tile through the workspace.
+    const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
+    const double t_iter = t_tile / static_cast<double>(k_iters);
+    const double partial_bytes = kStreamKFixupTraffic * 4.0 * static_cast<double>(p.b_operands * c.tile_m * c.tile_n);
+    const double t_partial = partial_bytes / (discover::hardware("sm90", "").bandwidth / static_cast<double>(sms));
+    auto stream_k_time = [&](int64_t n) {
+      const int64_t dp_waves = (tiles - n) / sms;
       const int64_t sk_useful = std::max<int64_t>(0, useful - dp_waves * sms);
-      // The fixup (partial accumulators reduced across SMs) costs a share of each SM's work,
-      // not of a whole tile's: a whole-K tile can be thousands of iterations long.
-      t_compute = static_cast<double>(dp_waves) * t_tile +
-                  static_cast<double>(ceil_div(sk_useful * k_iters, sms)) * t_iter * (1.0 + kStreamKFixup);
-      reasons.push_back("stream_k: " + std::to_string(sk_useful * k_iters) + " K iterations of " +
-                        std::to_string(sk_useful) + " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
+      const int64_t share = ceil_div(sk_useful * k_iters, sms);
+      const int64_t partials = std::min(sk_useful, ceil_div(share, k_iters) + 1);
+      return std::tuple{kStreamKOverhead * (static_cast<double>(dp_waves) * t_tile + static_cast<double>(share) * t_iter +
+                                            static_cast<double>(partials) * t_partial),
+                        dp_waves, sk_useful};
+    };
+    const int64_t heuristic = stream_k_tiles(tiles, sms, false), forced = stream_k_tiles(tiles, sms, true);
+    const double t_dp = t_compute * kStreamKOverhead;
+    const double t_forced = forced > 0 ? std::get<0>(stream_k_time(forced)) : t_dp;
+    const bool knob = heuristic == 0 && forced > 0 && t_forced < t_dp;
+    sk_tiles = knob ? forced : heuristic;
+    if (sk_tiles == 0) {
+      t_compute = t_dp;
+      reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) + " tiles: " +
+                        (forced == 0 ? "whole waves)" : "a last wave at least half full, and the fixup of forced stream-K "
+                                                        "would cost more than the idle SMs)"));
+    } else {
+      const auto [t, dp_waves, sk_useful] = stream_k_time(sk_tiles);
+      t_compute = t;
+      reasons.push_back("stream_k" + std::string(knob ? " (decomposition knob: stream_k)" : "") + ": " +
+                        std::to_string(sk_useful * k_iters) + " K iterations of " + std::to_string(sk_useful) +
+                        " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
                         (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
     }
   } else {
@@ -879,6 +936,7 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   hits = std::move(usable);
   out.enumerated = configs.size();
   auto filtered = filter_sm90(out.problem, configs);
+  if (filtered.kept.empty() && opt.only.empty()) throw NotSupported(why_none_kept(filtered.dropped));
   out.dropped = std::move(filtered.dropped);
   out.kept = filtered.kept.size();
   auto ranked = rank_sm90(out.problem, filtered.kept, hits);
@@ -888,12 +946,13 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   }
   // The top N covers distinct kernels first. Configs that differ only in cluster shape score
   // within a few percent of each other in the model, so a plain cut would spend the tuner's whole
-  // budget on one tile shape. Pass 1 takes the best config of each (tile, schedule, scheduler,
-  // stages) in score order; pass 2 fills what is left with the runners-up; the result is then
-  // ordered by score again.
+  // budget on one tile shape; so do a persistent config and its stream_k twin where the waves
+  // leave little to share out. Pass 1 takes the best config of each (tile, schedule, stages) in
+  // score order; pass 2 fills what is left with the runners-up; the result is then ordered by
+  // score again.
   if (ranked.size() > opt.top_n) {
     auto key = [](const GemmConfig& c) {
-      return tile_str(c) + "/" + c.kernel_schedule + "/" + c.tile_scheduler + "/" + std::to_string(c.stages);
+      return tile_str(c) + "/" + c.kernel_schedule + "/" + std::to_string(c.stages);
     };
     std::set<std::string> seen;
     std::vector<bool> taken(ranked.size(), false);

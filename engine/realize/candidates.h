@@ -133,7 +133,8 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
 // schedule, tile scheduler, stages) before any cluster-shape variant of one already taken, and is
 // returned best score first. UserError for families or arches it does not handle.
 // With opt.only: the named configs in this pattern's space that pass the filter, best score
-// first; NotSupported when none does.
+// first; NotSupported when none does. Without: NotSupported, with the reason, when the filter
+// drops every config (say, TF32 with a B that is not K-major).
 Candidates candidates(const discover::Match& m, const CandidateOptions& opt = {});
 
 // The dropped configs as JSON, for the caller to write into the run directory:

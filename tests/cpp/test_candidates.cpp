@@ -94,18 +94,39 @@ TEST(Candidates, ProblemFromMatchHasNoDefaults) {
 }
 
 TEST(Candidates, EnumerationIsTheLiteralList) {
-  const auto p = bf16_problem(8192, 8192, 4096);  // 4096 tiles of 128x128: no stream_k
+  const auto p = bf16_problem(8192, 8192, 4096);
   const auto all = enumerate_sm90(p);
-  EXPECT_EQ(all.size(), 3u * 3u * 2u * 4u * 2u);  // tiles m x n x k, clusters, schedules
+  // Every tile, cluster and schedule once as a persistent kernel (tiles m x n x k, clusters,
+  // schedules), and a stream_k twin where its tiles leave the last wave partly idle (4096 tiles
+  // of 128x128 leave 4 on 132 SMs), for the decomposition knob.
   std::set<std::string> names;
+  size_t persistent = 0;
   for (const auto& c : all) {
     names.insert(c.name());
     EXPECT_EQ(c.stages, 0);
-    EXPECT_EQ(c.tile_scheduler, "persistent");
     EXPECT_TRUE(c.tile_k == 64 || c.tile_k == 128);
     EXPECT_EQ(c.epilogue_schedule, c.kernel_schedule == "cooperative" ? "tma_cooperative" : "tma");
+    if (c.tile_scheduler == "persistent") {
+      ++persistent;
+      continue;
+    }
+    EXPECT_EQ(c.tile_scheduler, "stream_k");
+    auto twin = c;
+    twin.tile_scheduler = "persistent";
+    EXPECT_NE(std::find(all.begin(), all.end(), twin), all.end()) << c.name();
+    const int64_t tiles = (8192 / c.tile_m) * (8192 / c.tile_n);
+    EXPECT_NE(tiles % sm90_cluster_sms(c.cluster_m * c.cluster_n), 0) << c.name();
   }
+  EXPECT_EQ(persistent, 3u * 3u * 2u * 4u * 2u);
+  EXPECT_GT(all.size(), persistent);
   EXPECT_EQ(names.size(), all.size());
+  // 4224 x 512 in 128x128 tiles: 132, one whole wave on 132 SMs (clusters of 1 or 2), so those
+  // configs have no stream_k twin; clusters of 4 fill 120 SMs and leave a partial second wave.
+  for (const auto& c : enumerate_sm90(bf16_problem(4224, 512, 4096))) {
+    if (c.tile_m == 128 && c.tile_n == 128 && c.tile_scheduler == "stream_k") {
+      EXPECT_EQ(c.cluster_m * c.cluster_n, 4) << c.name();
+    }
+  }
   EXPECT_TRUE(names.count("t128x128x64_c2x1_coop_tmacoop_sauto_persistent"));
 
   // f32: tile_k 32 and TF32 WGMMAs where the precision allows TF32; where it asks for
@@ -126,17 +147,19 @@ TEST(Candidates, EnumerationIsTheLiteralList) {
 
   // Long K (k >= 8 max(m, n)): every config also gets a stream_k twin.
   const auto long_k = enumerate_sm90(bf16_problem(512, 512, 8192));
-  EXPECT_EQ(long_k.size(), 2 * all.size());
-  // Short of a wave: stream_k only for the configs whose tiles do not fill the SMs.
-  // 1024 x 1024: 64x64 tiles make 256 (two waves), 64x128 make 128 (under one).
-  size_t sk_64x64 = 0, sk_64x128 = 0;
-  for (const auto& c : enumerate_sm90(bf16_problem(1024, 1024, 1024))) {
+  EXPECT_EQ(long_k.size(), 2 * persistent);
+  // Otherwise stream_k only where a config's tiles leave the last wave partly idle (less than
+  // one wave included). 2112 x 512: 64x64 tiles make 264, two whole waves on 132 SMs (clusters
+  // of 1 or 2) but not on the 120 SMs that clusters of 4 fill; 256x256 tiles make 18.
+  size_t sk_64x64 = 0, sk_64x64_c4 = 0, sk_256x256 = 0;
+  for (const auto& c : enumerate_sm90(bf16_problem(2112, 512, 1024))) {
     if (c.tile_scheduler != "stream_k") continue;
-    sk_64x64 += c.tile_m == 64 && c.tile_n == 64;
-    sk_64x128 += c.tile_m == 64 && c.tile_n == 128;
+    if (c.tile_m == 64 && c.tile_n == 64) ++(c.cluster_m * c.cluster_n == 4 ? sk_64x64_c4 : sk_64x64);
+    sk_256x256 += c.tile_m == 256 && c.tile_n == 256;
   }
   EXPECT_EQ(sk_64x64, 0u);
-  EXPECT_EQ(sk_64x128, 2u * 4u * 2u);  // tile_k x clusters x schedules
+  EXPECT_EQ(sk_64x64_c4, 2u * 2u);        // tile_k x schedules
+  EXPECT_EQ(sk_256x256, 2u * 4u * 2u);    // tile_k x clusters x schedules
 }
 
 TEST(Candidates, SharedMemoryOverflowIsDropped) {
@@ -205,12 +228,36 @@ TEST(Candidates, AccumulatorsMustFitRegisters) {
 
 TEST(Candidates, MisalignedProblemDropsEverything) {
   // Row-major A with K = 4095 bf16: 8190-byte rows, not a multiple of 16. No config can run.
-  const auto c = candidates(gemm_match(4096, 4096, 4095));
-  EXPECT_TRUE(c.ranked.empty());
-  EXPECT_EQ(c.kept, 0u);
-  ASSERT_EQ(c.dropped.size(), c.enumerated);
-  for (const auto& d : c.dropped) {
+  const auto p = bf16_problem(4096, 4096, 4095);
+  const auto f = filter_sm90(p, enumerate_sm90(p));
+  EXPECT_TRUE(f.kept.empty());
+  for (const auto& d : f.dropped) {
     EXPECT_NE(d.reason.find("K*2 bytes is not a multiple of 16"), std::string::npos) << d.reason;
+  }
+  // So the pattern is not supported, and says why: the reason every config shares.
+  try {
+    candidates(gemm_match(4096, 4096, 4095));
+    ADD_FAILURE() << "no error";
+  } catch (const NotSupported& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("every one of the " + std::to_string(f.dropped.size()) + " configs was dropped: "),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("K*2 bytes is not a multiple of 16"), std::string::npos) << what;
+    EXPECT_EQ(what.find("cooperative splits"), std::string::npos) << what;  // not shared by all
+  }
+  // TF32 with a row-major B: the WGMMA's K-major rule, which every config breaks.
+  auto row_b = gemm_match(4096, 4096, 4096, "f32");
+  row_b.attrs["layout_b"] = "row";
+  try {
+    candidates(row_b, [] {
+      CandidateOptions o;
+      o.precision = "high";
+      return o;
+    }());
+    ADD_FAILURE() << "no error";
+  } catch (const NotSupported& e) {
+    EXPECT_NE(std::string(e.what()).find("TF32 WGMMA kernels need K-major operands"), std::string::npos) << e.what();
   }
   // N of the output (and a column-major B's K) are checked the same way.
   EXPECT_NE(verdict(bf16_problem(4096, 4100, 4096), cfg(128, 128, 64)).find("N*2 bytes"), std::string::npos);
@@ -290,12 +337,25 @@ TEST(Candidates, TilesOfOneWaveShareTheirOperandPanels) {
   const auto persistent = rank_sm90(p, {c}).at(0);
   EXPECT_FALSE(has(persistent, "memory-bound"));
   EXPECT_TRUE(has(persistent, "re-read: A x1.09,"));
-  // Stream-K as CUTLASS decomposes it: 1024 tiles leave a last wave of 100 of 132, at least half
-  // full, so every tile runs data-parallel, reading as above.
+  // Stream-K: 1024 tiles leave a last wave of 100 of 132. CUTLASS's heuristic runs that
+  // data-parallel (at least half full); the decomposition knob shares the last two waves' 232
+  // tiles out over every SM, which the model finds faster than 8 waves of the stream-K kernel,
+  // fixup included; but not faster than the persistent kernel, which lacks the stream-K
+  // scheduler's own 2 %.
   c.tile_scheduler = "stream_k";
-  const auto whole = rank_sm90(p, {c}).at(0);
-  EXPECT_TRUE(has(whole, "stream_k runs data-parallel here (1024 tiles"));
-  EXPECT_TRUE(has(whole, "re-read: A x1.09,"));
+  const auto knob = rank_sm90(p, {c}).at(0);
+  EXPECT_TRUE(has(knob, "stream_k (decomposition knob: stream_k): 51968 K iterations of 232 tiles over 132 SMs, "
+                        "plus fixup, after 6 data-parallel waves"));
+  EXPECT_GT(knob.score, persistent.score);
+  EXPECT_LT(knob.score, persistent.score * 1.02);
+  // 7936 x 4352: 1054 tiles, a last wave of 130. Forcing stream-K would save 2 idle SMs of a wave
+  // and pay the fixup on two waves' tiles: data-parallel, reading as the persistent kernel does.
+  const auto full = bf16_problem(7936, 4352, 14336);
+  const auto whole = rank_sm90(full, {c}).at(0);
+  EXPECT_TRUE(has(whole, "stream_k runs data-parallel here (1054 tiles: a last wave at least half full"));
+  c.tile_scheduler = "persistent";
+  const auto whole_dp = rank_sm90(full, {c}).at(0);
+  c.tile_scheduler = "stream_k";
   // N = 4352: 1088 tiles, a last wave of 32. The last two waves' worth (164 tiles) go stream-K,
   // and those tiles read their own panels: A is read more often than by data-parallel waves.
   const auto q = bf16_problem(8192, 4352, 14336);
@@ -311,6 +371,7 @@ TEST(Candidates, TilesOfOneWaveShareTheirOperandPanels) {
     return 1.0;
   };
   EXPECT_GT(a_reads(split), a_reads(dp) + 1.0);
+  EXPECT_DOUBLE_EQ(a_reads(whole), a_reads(whole_dp));
 }
 
 TEST(Candidates, EpilogueModelOrdersTheMeasuredPairsAsTheH200Did) {
@@ -376,13 +437,17 @@ TEST(Candidates, TopNBoundsTheOutput) {
   const auto all = candidates(m, opt);
   EXPECT_EQ(all.ranked.size(), all.kept);
   for (size_t i = 1; i < all.ranked.size(); ++i) EXPECT_LE(all.ranked[i - 1].score, all.ranked[i].score);
-  // The cut keeps the best, and distinct kernels before cluster variants of one kernel.
+  // The cut keeps the best, and distinct kernels before cluster variants of one kernel or
+  // stream_k twins of a persistent one (768 tiles of 128x128: a partial last wave, so listed).
   EXPECT_EQ(three.ranked[0].config, all.ranked[0].config);
   for (size_t i = 1; i < three.ranked.size(); ++i) EXPECT_LE(three.ranked[i - 1].score, three.ranked[i].score);
+  EXPECT_TRUE(std::any_of(all.ranked.begin(), all.ranked.end(),
+                          [](const Ranked& r) { return r.config.tile_scheduler == "stream_k"; }));
   std::set<std::string> kernels;
   for (const auto& r : candidates(m).ranked) {
     auto c = r.config;
     c.cluster_m = c.cluster_n = 1;
+    c.tile_scheduler = "persistent";
     kernels.insert(c.name());
   }
   EXPECT_EQ(kernels.size(), 8u);
@@ -391,7 +456,7 @@ TEST(Candidates, TopNBoundsTheOutput) {
 }
 
 TEST(Candidates, NamedConfigsReplaceTheTopN) {
-  const auto m = gemm_match(8192, 4096, 4096);
+  const auto m = gemm_match(8448, 4096, 4096);  // 1056 tiles of 128x256: 8 whole waves
   CandidateOptions opt;
   opt.top_n = 1;  // ignored with names
   auto a = cfg(128, 256, 64), b = cfg(128, 128, 64, "pingpong");
