@@ -37,7 +37,7 @@ struct RealizeOptions {
   std::string cutlass_dir;    // empty: $CUTLASS_DIR
   std::string nvcc = "nvcc";
   std::string cache_dir;      // empty: realize::default_cache_dir()
-  int jobs = 0;               // parallel nvcc processes; 0: one per core
+  int jobs = 0;               // parallel nvcc processes; 0: realize::default_compile_jobs
   bool quiet = false;
 };
 

@@ -48,7 +48,7 @@ int run(int argc, char** argv) {
   realize->add_option("--cutlass-dir", ropt.cutlass_dir, "CUTLASS source tree (default: $CUTLASS_DIR)");
   realize->add_option("--nvcc", ropt.nvcc, "nvcc to use");
   realize->add_option("--cache-dir", ropt.cache_dir, "kernel cache (default: ~/.cache/fact/kernels)");
-  realize->add_option("--jobs", ropt.jobs, "parallel compiles (default: one per core)");
+  realize->add_option("--jobs", ropt.jobs, "parallel compiles (default: every kernel at once up to 1.5x the cores, else one a core)");
   realize->add_flag("--quiet", ropt.quiet, "no progress lines");
   realize->add_flag("--json", json_out, "print the manifest as JSON");
   auto* validate = app.add_subcommand("validate", "load and validate a graph");

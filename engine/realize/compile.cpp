@@ -214,6 +214,15 @@ int sweep_abandoned_builds(const std::string& cache_dir, std::chrono::seconds mi
   return removed;
 }
 
+int default_compile_jobs(size_t kernels, unsigned cores) {
+  const size_t c = std::max(1u, cores);
+  // Compiles of one run take about as long as each other (a CUTLASS kernel, a minute or so), and
+  // one cannot be split: 18 of them on 16 workers take two rounds, where 18 at once on 16 cores
+  // take 18/16 of one. So up to one and a half times the cores run at once (nvcc is
+  // single-threaded; memory holds that many on the machines FACT targets), beyond that one a core.
+  return static_cast<int>(kernels <= c + c / 2 ? std::max<size_t>(kernels, 1) : c);
+}
+
 std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, const CompileOptions& opt_in) {
   CompileOptions opt = opt_in;
   opt.cutlass_dir = find_cutlass(opt.cutlass_dir);
@@ -314,7 +323,7 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
       }
     }
   };
-  const int n_jobs = opt.jobs > 0 ? opt.jobs : std::max(1u, std::thread::hardware_concurrency());
+  const int n_jobs = opt.jobs > 0 ? opt.jobs : default_compile_jobs(jobs.size(), std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
   for (int t = 0; t < std::min<int>(n_jobs, static_cast<int>(jobs.size())); ++t) pool.emplace_back(worker);
   for (auto& t : pool) t.join();

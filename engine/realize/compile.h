@@ -16,7 +16,7 @@ struct CompileOptions {
   std::string cutlass_dir;  // holds include/ and tools/util/include/
   std::string cache_dir;    // default: $FACT_CACHE_DIR or ~/.cache/fact/kernels
   std::string arch = "sm90";
-  int jobs = 0;             // 0: hardware concurrency
+  int jobs = 0;             // 0: default_compile_jobs
   bool quiet = false;
 };
 
@@ -62,5 +62,10 @@ int sweep_abandoned_builds(const std::string& cache_dir, std::chrono::seconds mi
 // Compile every job (cached ones are reused); results in job order. Progress goes to stderr.
 // Sweeps abandoned builds older than an hour first.
 std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, const CompileOptions& opt);
+
+// Parallel compiles when CompileOptions::jobs is 0: every kernel at once up to one and a half
+// times `cores` (equal, indivisible compiles finish sooner sharing the cores than in a second
+// round), else one a core.
+int default_compile_jobs(size_t kernels, unsigned cores);
 
 }  // namespace fact::realize

@@ -123,7 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         "attention pattern of their family they fit, "
         "instead of the ranked top N",
     )
-    realize.add_argument("--jobs", type=int, metavar="N", help="parallel compiles (default: cores)")
+    realize.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="parallel compiles (default: all at once up to 1.5x the cores, else one a core)",
+    )
     realize.add_argument("--cutlass-dir", metavar="DIR", help="CUTLASS source tree")
     realize.add_argument("--json", action="store_true", help="print the manifest as JSON")
     realize.set_defaults(run=_realize, save_graph=None)

@@ -122,3 +122,15 @@ TEST(PtxasAdvisories, ReportedFreshAndCached) {
   }
   fs::remove_all(root);
 }
+
+TEST(CompileJobs, EveryKernelAtOnceUpToOneAndAHalfTimesTheCores) {
+  using fact::realize::default_compile_jobs;
+  EXPECT_EQ(default_compile_jobs(21, 16), 21);  // MiniGPT's cold compile on the GPU machine
+  EXPECT_EQ(default_compile_jobs(24, 16), 24);
+  EXPECT_EQ(default_compile_jobs(25, 16), 16);  // beyond: one a core, in rounds
+  EXPECT_EQ(default_compile_jobs(3, 2), 3);
+  EXPECT_EQ(default_compile_jobs(4, 2), 2);
+  EXPECT_EQ(default_compile_jobs(5, 16), 5);
+  EXPECT_EQ(default_compile_jobs(0, 16), 1);
+  EXPECT_EQ(default_compile_jobs(4, 0), 1);  // hardware_concurrency() may not know: one at a time
+}
