@@ -317,6 +317,11 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       continue;
     }
     write_text_file(candidates_file(i), realize::candidates_json(cands).dump(2));
+    if (cands.ranked.empty()) {
+      refuse(base, realize::why_none_kept(cands.dropped) + " (candidates/" + candidates_file(i).filename().string() +
+                       " lists each config with its reasons)");
+      continue;
+    }
     for (const auto& ranked : cands.ranked) {
       json entry = base;
       entry["config"] = ranked.config.to_json();

@@ -113,6 +113,9 @@ constexpr double kStreamKFixupTraffic = 2.0;
 // even where it runs every tile data-parallel: 183.2 against 180.1 us (bf16, 128x256 tiles) and
 // 339.8 against 337.5 (TF32) on the same square GEMMs.
 constexpr double kStreamKOverhead = 1.02;
+// CUTLASS's fewest K iterations for one stream-K unit (min_iters_per_sk_unit_): tiles of no more
+// run data-parallel, and the stream-K work goes to fewer units where it is scarce.
+constexpr int64_t kStreamKMinIters = 8;
 // Registry boosts: a config measured within 10% of the best on a problem counts as "measured
 // well". Same problem: ranked as measured, ahead of unmeasured configs (scored at half the best
 // estimate, scaled by the measured time over the best measured there); nearest problems: up to
@@ -360,31 +363,6 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Why a pattern gets no kernel when the filter drops every config: the reasons all of them share
-// (a dtype or layout the kernels cannot take), else the most frequent one.
-std::string why_none_kept(const std::vector<Dropped>& dropped) {
-  std::map<std::string, size_t> count;
-  for (const auto& d : dropped) {
-    std::set<std::string> parts;
-    for (size_t at = 0; at <= d.reason.size();) {
-      const auto end = std::min(d.reason.find("; ", at), d.reason.size());
-      parts.insert(d.reason.substr(at, end - at));
-      at = end + 2;
-    }
-    for (const auto& part : parts) ++count[part];
-  }
-  std::vector<std::string> shared;
-  std::pair<std::string, size_t> most{"", 0};
-  for (const auto& [reason, n] : count) {
-    if (n == dropped.size()) shared.push_back(reason);
-    if (n > most.second) most = {reason, n};
-  }
-  const std::string head = "every one of the " + std::to_string(dropped.size()) + " configs was dropped";
-  if (!shared.empty()) return head + ": " + join(shared);
-  return head + " (candidates/pattern-N.json has each reason); most often (" + std::to_string(most.second) +
-         "): " + most.first;
-}
-
 }  // namespace
 
 // -----------------------------------------------------------------------------------------------
@@ -528,7 +506,9 @@ std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& 
             c.math = math;
             out.push_back(c);
             if (p.family == "horizontal_gemm") continue;  // the grouped kernel: no stream-K form
-            const int64_t tiles = ceil_div(p.m, tm) * ceil_div(p.n, tn) * std::max<int64_t>(1, p.batch);
+            // CTAs as the model counts them: each grid dimension rounded up to the cluster
+            const int64_t tiles = round_up(ceil_div(p.m, tm), cl[0]) * round_up(ceil_div(p.n, tn), cl[1]) *
+                                  std::max<int64_t>(1, p.batch);
             if (long_k || tiles % sm90_cluster_sms(cl[0] * cl[1]) != 0) {
               c.tile_scheduler = "stream_k";
               out.push_back(c);
@@ -558,13 +538,14 @@ FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& co
 }
 
 // Stream-K tiles among `tiles` on `sms` CTAs, as CUTLASS decomposes them
-// (tile_scheduler_params.h, get_num_sk_tiles): none when the tiles fill whole waves, or, under
+// (tile_scheduler_params.h, get_num_sk_tiles): none when the tiles fill whole waves or a tile
+// has no more than CUTLASS's minimum of K iterations for a stream-K unit, or, under
 // its heuristic (`forced` false), when the last wave is at least half full; else the last two
 // waves' worth (all tiles below two full waves), the others data-parallel. `forced` is the
 // stream-K decomposition knob (LaunchKnobs::decomposition).
-static int64_t stream_k_tiles(int64_t tiles, int64_t sms, bool forced) {
+static int64_t stream_k_tiles(int64_t tiles, int64_t sms, int64_t k_iters, bool forced) {
   const int64_t full = tiles / sms, tail = tiles - full * sms;
-  if (tail == 0 || (!forced && 2 * tail >= sms)) return 0;
+  if (tail == 0 || k_iters <= kStreamKMinIters || (!forced && 2 * tail >= sms)) return 0;
   return tiles - (full > 1 ? full - 1 : 0) * sms;
 }
 
@@ -718,52 +699,68 @@ static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_mem
   const int64_t waves = ceil_div(tiles, sms);
   const int64_t last = tiles - (waves - 1) * sms;
   double t_compute = static_cast<double>(waves) * t_tile;
-  int64_t sk_tiles = 0;
-  if (c.tile_scheduler == "stream_k") {
-    // The stream-K time of `n` stream-K tiles: their K iterations spread over the SMs after the
-    // data-parallel waves, plus the fixup: each SM's share spans ceil(share / K iterations a
-    // tile) + 1 tiles at most, each a partial accumulator tile through the workspace.
-    const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
-    const double t_iter = t_tile / static_cast<double>(k_iters);
-    const double partial_bytes = kStreamKFixupTraffic * 4.0 * static_cast<double>(p.b_operands * c.tile_m * c.tile_n);
-    const double t_partial = partial_bytes / (discover::hardware("sm90", "").bandwidth / static_cast<double>(sms));
-    auto stream_k_time = [&](int64_t n) {
-      const int64_t dp_waves = (tiles - n) / sms;
-      const int64_t sk_useful = std::max<int64_t>(0, useful - dp_waves * sms);
-      const int64_t share = ceil_div(sk_useful * k_iters, sms);
-      const int64_t partials = std::min(sk_useful, ceil_div(share, k_iters) + 1);
-      return std::tuple{kStreamKOverhead * (static_cast<double>(dp_waves) * t_tile + static_cast<double>(share) * t_iter +
-                                            static_cast<double>(partials) * t_partial),
-                        dp_waves, sk_useful};
-    };
-    const int64_t heuristic = stream_k_tiles(tiles, sms, false), forced = stream_k_tiles(tiles, sms, true);
-    const double t_dp = t_compute * kStreamKOverhead;
-    const double t_forced = forced > 0 ? std::get<0>(stream_k_time(forced)) : t_dp;
-    const bool knob = heuristic == 0 && forced > 0 && t_forced < t_dp;
-    sk_tiles = knob ? forced : heuristic;
-    if (sk_tiles == 0) {
-      t_compute = t_dp;
-      reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) + " tiles: " +
-                        (forced == 0 ? "whole waves)" : "a last wave at least half full, and the fixup of forced stream-K "
-                                                        "would cost more than the idle SMs)"));
-    } else {
-      const auto [t, dp_waves, sk_useful] = stream_k_time(sk_tiles);
-      t_compute = t;
-      reasons.push_back("stream_k" + std::string(knob ? " (decomposition knob: stream_k)" : "") + ": " +
-                        std::to_string(sk_useful * k_iters) + " K iterations of " + std::to_string(sk_useful) +
-                        " tiles over " + std::to_string(sms) + " SMs, plus fixup" +
-                        (dp_waves > 0 ? ", after " + std::to_string(dp_waves) + " data-parallel waves" : ""));
-    }
-  } else {
+  if (c.tile_scheduler != "stream_k") {
     reasons.push_back(std::to_string(tiles) + " tiles: " + std::to_string(waves) + " wave" +
                       (waves > 1 ? "s" : "") + ", last " +
                       fmt(100.0 * static_cast<double>(last) / static_cast<double>(sms), 3) + "% full" +
                       (sms < kSm90SmCount ? " (" + std::to_string(sms) + " SMs)" : ""));
+    // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide
+    // tiles and clusters that load each operand once.
+    return std::max(t_compute, memory_time(p, c, sms, 0.0, t_memory, t_compute, reasons));
   }
-  // Operand re-reads (see above): what makes a long-K problem with few tiles favour wide tiles
-  // and clusters that load each operand once.
-  const double sk_share = static_cast<double>(sk_tiles) / static_cast<double>(std::max<int64_t>(1, tiles));
-  return std::max(t_compute, memory_time(p, c, sms, sk_share, t_memory, t_compute, reasons));
+  // Stream-K. The time of `n` stream-K tiles: their K iterations spread over the stream-K units
+  // (the SMs, or fewer where each would get under CUTLASS's minimum of iterations) after the
+  // data-parallel waves, plus the fixup: each unit's share spans ceil(share / K iterations a
+  // tile) + 1 tiles at most, each a partial accumulator tile through the workspace. Stream-K
+  // tiles read their own operand panels (operand_reads), so the memory side is part of the
+  // choice below.
+  const int64_t k_iters = std::max<int64_t>(1, ceil_div(p.k, c.tile_k));
+  const double t_iter = t_tile / static_cast<double>(k_iters);
+  const double partial_bytes = kStreamKFixupTraffic * 4.0 * static_cast<double>(p.b_operands * c.tile_m * c.tile_n);
+  const double t_partial = partial_bytes / (discover::hardware("sm90", "").bandwidth / static_cast<double>(sms));
+  struct Option {
+    int64_t sk_tiles = 0, dp_waves = 0, sk_useful = 0, units = 0;
+    double time = 0;
+    std::vector<std::string> reasons;
+  };
+  auto option = [&](int64_t n) {
+    Option o;
+    o.sk_tiles = n;
+    double t = t_compute;
+    if (n > 0) {
+      o.dp_waves = (tiles - n) / sms;
+      o.sk_useful = std::max<int64_t>(0, useful - o.dp_waves * sms);
+      o.units = std::clamp<int64_t>(o.sk_useful * k_iters / kStreamKMinIters, 1, sms);
+      const int64_t share = ceil_div(o.sk_useful * k_iters, o.units);
+      const int64_t partials = std::min(o.sk_useful, ceil_div(share, k_iters) + 1);
+      t = static_cast<double>(o.dp_waves) * t_tile + static_cast<double>(share) * t_iter +
+          static_cast<double>(partials) * t_partial;
+    }
+    t *= kStreamKOverhead;
+    const double share = static_cast<double>(n) / static_cast<double>(std::max<int64_t>(1, tiles));
+    o.time = std::max(t, memory_time(p, c, sms, share, t_memory, t, o.reasons));
+    return o;
+  };
+  const int64_t heuristic = stream_k_tiles(tiles, sms, k_iters, false), forced = stream_k_tiles(tiles, sms, k_iters, true);
+  Option best = option(heuristic);
+  const bool knob = heuristic == 0 && forced > 0;
+  if (knob) {
+    Option f = option(forced);
+    if (f.time < best.time) best = std::move(f);
+  }
+  if (best.sk_tiles == 0) {
+    reasons.push_back("stream_k runs data-parallel here (" + std::to_string(tiles) + " tiles: " +
+                      (forced == 0 ? "whole waves, or too few K iterations a tile to share)"
+                                   : "a last wave at least half full, and forcing stream-K would cost more than the "
+                                     "idle SMs)"));
+  } else {
+    reasons.push_back("stream_k" + std::string(knob ? " (decomposition knob: stream_k)" : "") + ": " +
+                      std::to_string(best.sk_useful * k_iters) + " K iterations of " + std::to_string(best.sk_useful) +
+                      " tiles over " + std::to_string(best.units) + " SMs, plus fixup" +
+                      (best.dp_waves > 0 ? ", after " + std::to_string(best.dp_waves) + " data-parallel waves" : ""));
+  }
+  reasons.insert(reasons.end(), best.reasons.begin(), best.reasons.end());
+  return best.time;
 }
 
 // The model of an sm80 multistage kernel (3xTF32), the same terms in their sm80 form: no
@@ -936,7 +933,6 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   hits = std::move(usable);
   out.enumerated = configs.size();
   auto filtered = filter_sm90(out.problem, configs);
-  if (filtered.kept.empty() && opt.only.empty()) throw NotSupported(why_none_kept(filtered.dropped));
   out.dropped = std::move(filtered.dropped);
   out.kept = filtered.kept.size();
   auto ranked = rank_sm90(out.problem, filtered.kept, hits);
@@ -971,6 +967,29 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
   }
   out.ranked = std::move(ranked);
   return out;
+}
+
+std::string why_none_kept(const std::vector<Dropped>& dropped) {
+  std::map<std::string, size_t> count;
+  for (const auto& d : dropped) {
+    std::set<std::string> parts;
+    for (size_t at = 0; at <= d.reason.size();) {
+      const auto end = std::min(d.reason.find("; ", at), d.reason.size());
+      parts.insert(d.reason.substr(at, end - at));
+      at = end + 2;
+    }
+    for (const auto& part : parts) ++count[part];
+  }
+  std::vector<std::string> shared;
+  std::pair<std::string, size_t> most{"", 0};
+  for (const auto& [reason, n] : count) {
+    if (n == dropped.size()) shared.push_back(reason);
+    if (n > most.second) most = {reason, n};
+  }
+  if (dropped.empty()) return "no config to build";
+  const std::string head = "every one of the " + std::to_string(dropped.size()) + " configs was dropped";
+  if (!shared.empty()) return head + ": " + join(shared);
+  return head + "; most often (" + std::to_string(most.second) + " of them): " + most.first;
 }
 
 json dropped_json(const Candidates& c) {

@@ -133,9 +133,13 @@ std::vector<Ranked> rank_sm90(const GemmProblem& p, const std::vector<GemmConfig
 // schedule, tile scheduler, stages) before any cluster-shape variant of one already taken, and is
 // returned best score first. UserError for families or arches it does not handle.
 // With opt.only: the named configs in this pattern's space that pass the filter, best score
-// first; NotSupported when none does. Without: NotSupported, with the reason, when the filter
-// drops every config (say, TF32 with a B that is not K-major).
+// first; NotSupported when none does. Without: ranked is empty where the filter drops every
+// config (say, TF32 with a B that is not K-major); why_none_kept says why.
 Candidates candidates(const discover::Match& m, const CandidateOptions& opt = {});
+
+// Why a pattern gets no kernel when the filter drops every config: the reasons all of them share
+// (a dtype or layout the kernels cannot take), else the most frequent one.
+std::string why_none_kept(const std::vector<Dropped>& dropped);
 
 // The dropped configs as JSON, for the caller to write into the run directory:
 //   {"signature", "arch", "problem", "enumerated", "kept", "dropped": [{"config", "name", "reason"}]}

@@ -27,7 +27,9 @@ json gemm_sm90(const discover::Match& m) {
       {"stages", {"auto", 3, 4, 5, 6}},
       {"raster", {"along_m", "along_n"}},
       {"swizzle", {1, 2, 4, 8}},
-      {"decomposition", large_k ? json{"data_parallel", "split_k", "stream_k"} : json{"data_parallel", "stream_k"}},
+      // stream-K kernels' run-time knobs (LaunchKnobs): the decomposition, and split-K factors
+      {"decomposition", {"heuristic", "stream_k", "data_parallel"}},
+      {"splits", large_k ? json{1, 2, 4} : json{1}},
   };
   if (is_fp32(m)) s["math"] = {"tf32", "3xtf32"};  // by precision policy: high | highest
   return s;

@@ -2,6 +2,7 @@
 // and its reasons, the wave-model ranking, registry boosts and the top-N cut.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <set>
 
 #include "ir/error.h"
@@ -114,19 +115,22 @@ TEST(Candidates, EnumerationIsTheLiteralList) {
     auto twin = c;
     twin.tile_scheduler = "persistent";
     EXPECT_NE(std::find(all.begin(), all.end(), twin), all.end()) << c.name();
-    const int64_t tiles = (8192 / c.tile_m) * (8192 / c.tile_n);
+    const int64_t tiles = (8192 / c.tile_m) * (8192 / c.tile_n);  // every count here divides by the cluster
     EXPECT_NE(tiles % sm90_cluster_sms(c.cluster_m * c.cluster_n), 0) << c.name();
   }
   EXPECT_EQ(persistent, 3u * 3u * 2u * 4u * 2u);
   EXPECT_GT(all.size(), persistent);
   EXPECT_EQ(names.size(), all.size());
-  // 4224 x 512 in 128x128 tiles: 132, one whole wave on 132 SMs (clusters of 1 or 2), so those
-  // configs have no stream_k twin; clusters of 4 fill 120 SMs and leave a partial second wave.
+  // 4224 x 512 in 128x128 tiles: 33 x 4, one whole wave of 132 CTAs without a cluster or with
+  // 1x2, so those configs have no stream_k twin; 2x1 and 2x2 clusters round the 33 rows up to
+  // 34 (136 CTAs, on 132 or 120 SMs): a partial wave, so a twin.
+  std::set<std::string> twins;
   for (const auto& c : enumerate_sm90(bf16_problem(4224, 512, 4096))) {
     if (c.tile_m == 128 && c.tile_n == 128 && c.tile_scheduler == "stream_k") {
-      EXPECT_EQ(c.cluster_m * c.cluster_n, 4) << c.name();
+      twins.insert(std::to_string(c.cluster_m) + "x" + std::to_string(c.cluster_n));
     }
   }
+  EXPECT_EQ(twins, (std::set<std::string>{"2x1", "2x2"}));
   EXPECT_TRUE(names.count("t128x128x64_c2x1_coop_tmacoop_sauto_persistent"));
 
   // f32: tile_k 32 and TF32 WGMMAs where the precision allows TF32; where it asks for
@@ -148,17 +152,18 @@ TEST(Candidates, EnumerationIsTheLiteralList) {
   // Long K (k >= 8 max(m, n)): every config also gets a stream_k twin.
   const auto long_k = enumerate_sm90(bf16_problem(512, 512, 8192));
   EXPECT_EQ(long_k.size(), 2 * persistent);
-  // Otherwise stream_k only where a config's tiles leave the last wave partly idle (less than
-  // one wave included). 2112 x 512: 64x64 tiles make 264, two whole waves on 132 SMs (clusters
-  // of 1 or 2) but not on the 120 SMs that clusters of 4 fill; 256x256 tiles make 18.
-  size_t sk_64x64 = 0, sk_64x64_c4 = 0, sk_256x256 = 0;
+  // Otherwise stream_k only where a config's CTAs leave the last wave partly idle (less than
+  // one wave included). 2112 x 512: 64x64 tiles make 33 x 8, two whole waves of 132 without a
+  // cluster or with 1x2; 2x1 and 2x2 clusters round 33 up to 34 (272 CTAs, partial on 132 or
+  // 120 SMs). 256x256 tiles make 18.
+  size_t sk_64x64 = 0, sk_64x64_c2m = 0, sk_256x256 = 0;
   for (const auto& c : enumerate_sm90(bf16_problem(2112, 512, 1024))) {
     if (c.tile_scheduler != "stream_k") continue;
-    if (c.tile_m == 64 && c.tile_n == 64) ++(c.cluster_m * c.cluster_n == 4 ? sk_64x64_c4 : sk_64x64);
+    if (c.tile_m == 64 && c.tile_n == 64) ++(c.cluster_m == 2 ? sk_64x64_c2m : sk_64x64);
     sk_256x256 += c.tile_m == 256 && c.tile_n == 256;
   }
   EXPECT_EQ(sk_64x64, 0u);
-  EXPECT_EQ(sk_64x64_c4, 2u * 2u);        // tile_k x schedules
+  EXPECT_EQ(sk_64x64_c2m, 2u * 2u * 2u);  // tile_k x clusters (2x1, 2x2) x schedules
   EXPECT_EQ(sk_256x256, 2u * 4u * 2u);    // tile_k x clusters x schedules
 }
 
@@ -234,31 +239,29 @@ TEST(Candidates, MisalignedProblemDropsEverything) {
   for (const auto& d : f.dropped) {
     EXPECT_NE(d.reason.find("K*2 bytes is not a multiple of 16"), std::string::npos) << d.reason;
   }
-  // So the pattern is not supported, and says why: the reason every config shares.
-  try {
-    candidates(gemm_match(4096, 4096, 4095));
-    ADD_FAILURE() << "no error";
-  } catch (const NotSupported& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("every one of the " + std::to_string(f.dropped.size()) + " configs was dropped: "),
-              std::string::npos)
-        << what;
-    EXPECT_NE(what.find("K*2 bytes is not a multiple of 16"), std::string::npos) << what;
-    EXPECT_EQ(what.find("cooperative splits"), std::string::npos) << what;  // not shared by all
-  }
+  // So the pattern gets no kernel, and says why: the reason every config shares.
+  const auto c = candidates(gemm_match(4096, 4096, 4095));
+  EXPECT_TRUE(c.ranked.empty());
+  EXPECT_EQ(c.kept, 0u);
+  ASSERT_EQ(c.dropped.size(), c.enumerated);
+  const auto why = why_none_kept(c.dropped);
+  EXPECT_NE(why.find("every one of the " + std::to_string(c.dropped.size()) + " configs was dropped: "),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("K*2 bytes is not a multiple of 16"), std::string::npos) << why;
+  EXPECT_EQ(why.find("cooperative splits"), std::string::npos) << why;  // not shared by all
   // TF32 with a row-major B: the WGMMA's K-major rule, which every config breaks.
   auto row_b = gemm_match(4096, 4096, 4096, "f32");
   row_b.attrs["layout_b"] = "row";
-  try {
-    candidates(row_b, [] {
-      CandidateOptions o;
-      o.precision = "high";
-      return o;
-    }());
-    ADD_FAILURE() << "no error";
-  } catch (const NotSupported& e) {
-    EXPECT_NE(std::string(e.what()).find("TF32 WGMMA kernels need K-major operands"), std::string::npos) << e.what();
-  }
+  CandidateOptions high;
+  high.precision = "high";
+  const auto tf32 = candidates(row_b, high);
+  EXPECT_TRUE(tf32.ranked.empty());
+  EXPECT_NE(why_none_kept(tf32.dropped).find("TF32 WGMMA kernels need K-major operands"), std::string::npos);
+  // No shared reason: the most frequent, counted.
+  const std::vector<Dropped> mixed = {{cfg(64, 64, 64), "a; b"}, {cfg(128, 64, 64), "b"}, {cfg(64, 128, 64), "c"}};
+  EXPECT_EQ(why_none_kept(mixed), "every one of the 3 configs was dropped; most often (2 of them): b");
+  EXPECT_EQ(why_none_kept({}), "no config to build");
   // N of the output (and a column-major B's K) are checked the same way.
   EXPECT_NE(verdict(bf16_problem(4096, 4100, 4096), cfg(128, 128, 64)).find("N*2 bytes"), std::string::npos);
   // f32 needs multiples of 4 elements, bf16 of 8.
@@ -372,6 +375,33 @@ TEST(Candidates, TilesOfOneWaveShareTheirOperandPanels) {
   };
   EXPECT_GT(a_reads(split), a_reads(dp) + 1.0);
   EXPECT_DOUBLE_EQ(a_reads(whole), a_reads(whole_dp));
+}
+
+TEST(Candidates, StreamKIsNeverWorseThanItsDataParallelLaunch) {
+  // The model takes the faster of CUTLASS's heuristic and the forced decomposition, memory
+  // included (stream-K tiles re-read their operand panels), so a stream_k config scores at most
+  // its persistent twin plus the stream-K scheduler's 2 %, whatever the problem.
+  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {2048, 2048, 16384}, {4096, 4096, 4096}, {8192, 4096, 14336}, {4224, 512, 4096}, {1000, 3000, 512}}) {
+    const auto p = bf16_problem(m, n, k);
+    for (auto c : {cfg(128, 64, 64), cfg(128, 256, 64), cfg(256, 128, 64), cfg(128, 128, 64)}) {
+      for (const auto& cl : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+        c.cluster_m = cl.first;
+        c.cluster_n = cl.second;
+        c.tile_scheduler = "persistent";
+        const double dp = rank_sm90(p, {c}).at(0).score;
+        c.tile_scheduler = "stream_k";
+        EXPECT_LE(rank_sm90(p, {c}).at(0).score, dp * 1.02 * (1 + 1e-9)) << m << "x" << n << "x" << k << " " << c.name();
+      }
+    }
+  }
+  // A tile of 8 K iterations or fewer never runs stream-K in CUTLASS (min_iters_per_sk_unit_).
+  auto shortk = cfg(128, 256, 64);
+  shortk.tile_scheduler = "stream_k";
+  const auto r = rank_sm90(bf16_problem(4096, 4096, 512), {shortk}).at(0);
+  EXPECT_TRUE(std::any_of(r.reasons.begin(), r.reasons.end(), [](const std::string& why) {
+    return why.find("stream_k runs data-parallel here (512 tiles") != std::string::npos;
+  }));
 }
 
 TEST(Candidates, EpilogueModelOrdersTheMeasuredPairsAsTheH200Did) {

@@ -241,6 +241,26 @@ def test_realize_reports_unsupported_patterns(engine_available, tmp_path):
     assert "not a multiple of 8 (16-byte vectors)" in manifest[0]["detail"]
 
 
+def test_realize_reports_a_gemm_whose_configs_are_all_dropped(engine_available, tmp_path):
+    """TF32 WGMMAs need B K-major: a fp32 `a @ b` under "high" gets no kernel, and the manifest
+    says why, pointing at the candidates file that lists every dropped config."""
+    run = tmp_path / "run"
+    res = realize(
+        REPO / "bench" / "problems" / "gemm_square.py",
+        run,
+        tmp_path / "cache",
+        "--dtype", "fp32", "--precision", "high",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    manifest = json.loads(res.stdout)
+    assert [e["status"] for e in manifest] == ["not_supported"]
+    detail = manifest[0]["detail"]
+    assert "configs was dropped: TF32 WGMMA kernels need K-major operands" in detail
+    assert "candidates/pattern-0.json" in detail
+    listed = json.loads((run / "candidates" / "pattern-0.json").read_text())
+    assert listed["kept"] == 0 and len(listed["dropped"]) == listed["enumerated"] > 0
+
+
 def test_warm_tune_skips_what_the_registry_measured(engine_available, tmp_path):
     """`fact tune` asks the registry first: kernels with a passed row for the same signature,
     arch, problem and config are not measured again, so a warm re-run needs no GPU work."""

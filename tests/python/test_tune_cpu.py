@@ -1130,6 +1130,9 @@ def test_deterministic_mode_overrides_a_tuned_nondeterministic_reduction():
         torch.use_deterministic_algorithms(True)
         assert launch_knobs(tuned) == {**tuned, "splits": 1, "reduction": "deterministic"}
         assert launch_knobs(DEFAULT_KNOBS) is DEFAULT_KNOBS
+        # a tuned stream-K decomposition stays: with the ordered reduction its bits repeat too
+        forced = {**tuned, "splits": 1, "decomposition": "stream_k"}
+        assert launch_knobs(forced) == {**forced, "reduction": "deterministic"}
         assert harness._deterministic() is True
     finally:
         torch.use_deterministic_algorithms(was)
@@ -1247,17 +1250,18 @@ def test_knob_combinations_and_info_checks():
     combos = knob_combinations({"search_space": {"raster": ["along_m"], "swizzle": [1, 2]}})
     assert combos[0] == DEFAULT_KNOBS and len(combos) == 3
     stream_k = knob_combinations(None, {"tile_scheduler": "stream_k"})
-    # + split-K 2, 4 + the stream-K decomposition + nondeterministic with 3 raster orders and
-    # with the stream-K decomposition
-    assert len(stream_k) == 16
+    # + split-K 2, 4 + the stream-K and data-parallel decompositions + nondeterministic with 3
+    # raster orders and with the stream-K decomposition
+    assert len(stream_k) == 17
     assert [k["raster"] for k in stream_k if k.get("reduction") == "nondeterministic"] == [
         "heuristic",
         "along_m",
         "along_n",
         "heuristic",
     ]
-    assert [knob_name(k) for k in stream_k[-5:]] == [
+    assert [knob_name(k) for k in stream_k[-6:]] == [
         "r_heur_s1_k1_sk",
+        "r_heur_s1_k1_dp",
         "r_heur_s1_k1_nd",
         "r_m_s1_k1_nd",
         "r_n_s1_k1_nd",
@@ -1265,7 +1269,7 @@ def test_knob_combinations_and_info_checks():
     ]
     # PyTorch's deterministic mode keeps the atomic reduction out of the sweep
     deterministic = knob_combinations(None, {"tile_scheduler": "stream_k"}, deterministic=True)
-    assert deterministic == stream_k[:12]
+    assert deterministic == stream_k[:13]
     persistent = knob_combinations(None, {"tile_scheduler": "persistent"})
     assert not any("reduction" in k for k in persistent)
     assert knob_combinations(mode="default") == [DEFAULT_KNOBS]

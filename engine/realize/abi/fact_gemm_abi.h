@@ -61,8 +61,9 @@ typedef struct FactGemmArgs {
    * decomposition (stream-K kernels only; version 5): how output tiles are shared out over the
    * persistent CTAs; 0 CUTLASS's heuristic (stream-K only when the last wave is less than half
    * full; split-K when splits > 1), 1 stream-K whenever the last wave is partial (the last two
-   * waves' tiles spread evenly over every CTA, the rest data-parallel), 2 data-parallel (one CTA
-   * per tile). 1 and 2 need splits 1. */
+   * waves' tiles' K iterations spread over the CTAs, the rest data-parallel; CUTLASS still runs
+   * a tile of 8 K iterations or fewer data-parallel, and gives scarce stream-K work to fewer
+   * CTAs), 2 data-parallel (one CTA per tile). 1 and 2 need splits 1. */
   int raster, max_swizzle, splits, sm_count, reduction, decomposition;
   /* Horizontally fused (grouped) kernels only: one GEMM per part over the shared A (m, k, a,
    * lda as above; batch 1; n is the parts' sum; b, ldb, d, ldd unused). 0 for every other

@@ -165,9 +165,10 @@ def _check_dtypes(label: str, pairs) -> None:
 def launch_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     """The tuned knobs, or while PyTorch's deterministic algorithms are on and they ask for the
     atomic stream-K reduction (tuned while nondeterminism was allowed), the ordered reduction
-    with stream-K's own decomposition: a split-K factor chosen for atomic adds would serialise
-    its peers. The decision cache and CUDA graph keys include the switch, so optimize and
-    replay see what runs."""
+    without a split-K factor: one chosen for atomic adds would serialise its peers. A tuned
+    decomposition stays (with the ordered reduction it gives the same bits every run too). The
+    decision cache and CUDA graph keys include the switch, so optimize and replay see what
+    runs."""
     if nondeterministic(knobs) and torch.are_deterministic_algorithms_enabled():
         return {**knobs, "splits": 1, "reduction": "deterministic"}
     return knobs

@@ -566,7 +566,8 @@ def knob_combinations(
     "sweep": that, plus raster x swizzle from the pattern's search_space (along_m/along_n x
     1/2/4/8 when it has none), plus, for stream-K kernels, split-K 2 and 4, the stream-K
     decomposition (whenever the last wave is partial, where CUTLASS's heuristic wants it less
-    than half full), and (unless `deterministic`, PyTorch's torch.use_deterministic_algorithms)
+    than half full) and the data-parallel one (where the heuristic would share tiles out), and
+    (unless `deterministic`, PyTorch's torch.use_deterministic_algorithms)
     the nondeterministic reduction with each raster order and no swizzle, and with the stream-K
     decomposition. An sm80 multistage kernel takes the default
     alone: its threadblock swizzle is fixed and it has no split-K. A grouped (horizontal) kernel
@@ -587,7 +588,7 @@ def knob_combinations(
     if config and config.get("tile_scheduler") == "stream_k":
         combos += [{"raster": "heuristic", "max_swizzle": 1, "splits": s} for s in (2, 4)]
         sk = {"raster": "heuristic", "max_swizzle": 1, "splits": 1, "decomposition": "stream_k"}
-        combos.append(sk)
+        combos += [sk, {**sk, "decomposition": "data_parallel"}]
         if not deterministic:
             nd = {"max_swizzle": 1, "splits": 1, "reduction": "nondeterministic"}
             combos += [{"raster": r, **nd} for r in ["heuristic", *rasters]]
