@@ -5,7 +5,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <tuple>
 #include <utility>
 
 #include "discover/cost_model.h"
@@ -467,6 +466,23 @@ std::vector<GemmConfig> enumerate_multistage() {
   return out;
 }
 
+// Output tiles along N: a horizontal GEMM's parts tile separately (each rounds up on its own).
+// With `cluster_n`, the CTA columns launched: CUTLASS's group scheduler rounds each part's
+// columns up to the cluster (a plain GEMM rounds the whole).
+static int64_t tiles_along_n(const GemmProblem& p, const GemmConfig& c, int cluster_n = 1) {
+  if (p.n_parts.empty()) return round_up(ceil_div(p.n, c.tile_n), cluster_n);
+  int64_t tiles = 0;
+  for (const int64_t n : p.n_parts) tiles += round_up(ceil_div(n, c.tile_n), cluster_n);
+  return tiles;
+}
+
+// The CTAs an sm90 kernel launches for `p`: each grid dimension rounded up to the cluster
+// (padding CTAs occupy SMs without doing work), times the batch.
+static int64_t launched_ctas(const GemmProblem& p, const GemmConfig& c) {
+  return round_up(ceil_div(p.m, c.tile_m), c.cluster_m) * tiles_along_n(p, c, c.cluster_n) *
+         std::max<int64_t>(1, p.batch);
+}
+
 // The literal lists. Every tile shape is listed with both schedules, as CUTLASS's generator does
 // before its own validity checks; the filter then removes (and logs) the pairs that cannot build,
 // so the log shows why, say, 64-row cooperative tiles never appear.
@@ -506,10 +522,7 @@ std::vector<GemmConfig> enumerate_sm90(const GemmProblem& p, const std::string& 
             c.math = math;
             out.push_back(c);
             if (p.family == "horizontal_gemm") continue;  // the grouped kernel: no stream-K form
-            // CTAs as the model counts them: each grid dimension rounded up to the cluster
-            const int64_t tiles = round_up(ceil_div(p.m, tm), cl[0]) * round_up(ceil_div(p.n, tn), cl[1]) *
-                                  std::max<int64_t>(1, p.batch);
-            if (long_k || tiles % sm90_cluster_sms(cl[0] * cl[1]) != 0) {
+            if (long_k || launched_ctas(p, c) % sm90_cluster_sms(cl[0] * cl[1]) != 0) {
               c.tile_scheduler = "stream_k";
               out.push_back(c);
             }
@@ -607,16 +620,6 @@ static double epilogue_time(const GemmProblem& p, const GemmConfig& c, int64_t s
   return bytes / (discover::hardware("sm90", "").bandwidth / static_cast<double>(storing));
 }
 
-// Output tiles along N: a horizontal GEMM's parts tile separately (each rounds up on its own).
-// With `cluster_n`, the CTA columns launched: CUTLASS's group scheduler rounds each part's
-// columns up to the cluster (a plain GEMM rounds the whole).
-static int64_t tiles_along_n(const GemmProblem& p, const GemmConfig& c, int cluster_n = 1) {
-  if (p.n_parts.empty()) return round_up(ceil_div(p.n, c.tile_n), cluster_n);
-  int64_t tiles = 0;
-  for (const int64_t n : p.n_parts) tiles += round_up(ceil_div(n, c.tile_n), cluster_n);
-  return tiles;
-}
-
 // The operands' traffic in seconds: `t_memory` (each byte once) plus the re-reads of operands
 // bigger than L2 (operand_reads) over `sms` CTAs at once; said in `reasons` when it weighs.
 static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms, double sk_share, double t_memory,
@@ -658,8 +661,7 @@ static double memory_time(const GemmProblem& p, const GemmConfig& c, int64_t sms
 static double model_sm90(const GemmProblem& p, const GemmConfig& c, double t_memory, std::vector<std::string>& reasons) {
   const int64_t batch = std::max<int64_t>(1, p.batch);
   const int64_t tiles_m = ceil_div(p.m, c.tile_m), tiles_n = tiles_along_n(p, c);
-  const int64_t grid_m = round_up(tiles_m, c.cluster_m), grid_n = tiles_along_n(p, c, c.cluster_n);
-  const int64_t tiles = grid_m * grid_n * batch;
+  const int64_t tiles = launched_ctas(p, c);
   const int64_t useful = tiles_m * tiles_n * batch;
   // Efficiency (a gated tile reuses its A tile for both B operands).
   double eff = reuse_efficiency(c.tile_m, static_cast<double>(p.b_operands) * c.tile_n);
@@ -970,6 +972,7 @@ Candidates candidates(const discover::Match& m, const CandidateOptions& opt) {
 }
 
 std::string why_none_kept(const std::vector<Dropped>& dropped) {
+  if (dropped.empty()) return "no config to build";
   std::map<std::string, size_t> count;
   for (const auto& d : dropped) {
     std::set<std::string> parts;
@@ -986,7 +989,6 @@ std::string why_none_kept(const std::vector<Dropped>& dropped) {
     if (n == dropped.size()) shared.push_back(reason);
     if (n > most.second) most = {reason, n};
   }
-  if (dropped.empty()) return "no config to build";
   const std::string head = "every one of the " + std::to_string(dropped.size()) + " configs was dropped";
   if (!shared.empty()) return head + ": " + join(shared);
   return head + "; most often (" + std::to_string(most.second) + " of them): " + most.first;
