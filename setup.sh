@@ -16,7 +16,19 @@ fi
 python3 -c 'import venv, ensurepip' 2>/dev/null || $SUDO apt-get install -y -qq python3-venv >/dev/null
 
 echo "== python environment (.venv): FACT, torch and friends"
+# torch with its CUDA wheels takes about 6 GiB once installed. Say so up front rather than let pip
+# die half way with "No space left on device"; and keep no wheel cache, which would double it.
+if ! { [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' 2>/dev/null; }; then
+  free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+  need_kib=$((7 * 1024 * 1024))
+  if [ "${free_kib:-0}" -lt "$need_kib" ]; then
+    echo "setup.sh: torch and its CUDA libraries need about 7 GiB free under $PWD;" \
+      "the disk has $((free_kib / 1024)) MiB free. Free some space and run ./setup.sh again." >&2
+    exit 1
+  fi
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
+export PIP_NO_CACHE_DIR=1
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 
