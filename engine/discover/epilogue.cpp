@@ -47,7 +47,74 @@ bool translatable(const Graph& g, const Node& n, std::string& why) {
   return node_to_expr(g, n, [x](int) { return x; }, scratch, result, why);
 }
 
+bool dense_vector(const Graph& g, int node, const TensorType& out) {
+  const auto& n = g.node(node);
+  if (n.outputs.size() != 1 || !n.type().is_contiguous()) return false;
+  const std::string kind = broadcast_kind(n.type(), out);
+  return kind == "scalar" || kind == "row" || kind == "col";
+}
+
+// Try to take `node` (and the side nodes it reads) as a side computation for a region node of
+// type `out`: pointwise, independent of the GEMM, and in the end reading only dense scalars,
+// row and column vectors. Appends what it takes to `taken`; false (taking nothing) otherwise.
+bool take_side(const Graph& g, int node, const TensorType& out, const std::vector<char>& down,
+               std::vector<int>& taken) {
+  const auto& n = g.node(node);
+  std::string why;
+  if (down[static_cast<size_t>(node)] || n.outputs.size() != 1 || !translatable(g, n, why) ||
+      broadcast_kind(n.type(), out).empty()) {
+    return false;
+  }
+  const size_t mark = taken.size();
+  taken.push_back(node);
+  for (int o : g.operands(n)) {
+    if (std::find(taken.begin(), taken.end(), o) != taken.end() || dense_vector(g, o, out)) continue;
+    if (!take_side(g, o, out, down, taken)) {
+      taken.resize(mark);
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+std::vector<int> side_computations(const Graph& g, int gemm, const std::vector<char>& region,
+                                   const std::vector<char>& down) {
+  std::vector<int> side;
+  auto in = [&](int id) {
+    return region[static_cast<size_t>(id)] || std::find(side.begin(), side.end(), id) != side.end();
+  };
+  for (int v = 0; v < static_cast<int>(region.size()); ++v) {
+    if (!region[static_cast<size_t>(v)] || v == gemm) continue;  // the GEMM's own operands are A and B
+    const auto& n = g.node(v);
+    for (int o : g.operands(n)) {
+      if (in(o) || n.outputs.size() != 1 || broadcast_kind(g.node(o).type(), n.type()) != "full") continue;
+      std::vector<int> taken;
+      if (!take_side(g, o, n.type(), down, taken)) continue;
+      bool kept = true;  // every user of what it takes is in the region or taken
+      for (int t : taken) {
+        for (int u : g.node(t).users) {
+          kept = kept && (in(u) || std::find(taken.begin(), taken.end(), u) != taken.end());
+        }
+        kept = kept && !g.is_graph_output(t);
+      }
+      if (kept) side.insert(side.end(), taken.begin(), taken.end());
+    }
+  }
+  std::sort(side.begin(), side.end());
+  side.erase(std::unique(side.begin(), side.end()), side.end());
+  return side;
+}
+
+int side_reader(const Graph& g, const std::vector<char>& region, const std::vector<int>& side, int node) {
+  // The first region node reached from `node` through side nodes: its type classifies leaves.
+  for (int u : g.node(node).users) {
+    if (region[static_cast<size_t>(u)]) return u;
+    if (std::binary_search(side.begin(), side.end(), u)) return side_reader(g, region, side, u);
+  }
+  internal_error(__FILE__, __LINE__, "epilogue side node '" + g.node(node).name + "' reaches no region node");
+}
 
 std::string broadcast_kind(const TensorType& operand, const TensorType& out) {
   if (operand.numel() == 1) return "scalar";
@@ -336,7 +403,14 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
     return ep;
   }
 
-  // 3. Translate the region to an expression over acc.
+  // 3. Side computations. An operand that is itself a pointwise function of scalars, row and
+  //    column vectors (an outer product such as mean * c1, or sa[:, None] * sb[None, :]) would
+  //    be a full tensor that PyTorch writes and the kernel reads back; the epilogue computes it
+  //    from the vectors instead. Taken only where every user of the side nodes is in the region,
+  //    so that replacing the region removes them.
+  const std::vector<int> side = side_computations(g, gemm, region, down);
+
+  // 4. Translate the region to an expression over acc.
   std::map<int, int> expr_of{{gemm, ep.expr.root}};
   auto operand_expr = [&](int node, const Node& user) {
     for (size_t k = 0; k < ep.operands.size(); ++k) {
@@ -358,6 +432,24 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
     leaf.nodes = {node};
     return ep.expr.add(leaf);
   };
+  // Side nodes first (they read no part of the region), each leaf classified against the
+  // region node that reads the side computation.
+  for (int v : side) {
+    const auto& n = g.node(v);
+    const Node& reader = g.node(side_reader(g, region, side, v));
+    ep.nodes.push_back(v);
+    int result = -1;
+    std::string why;
+    const bool ok = node_to_expr(
+        g, n,
+        [&](int node) {
+          auto it = expr_of.find(node);
+          return it != expr_of.end() ? it->second : operand_expr(node, reader);
+        },
+        ep.expr, result, why);
+    FACT_CHECK(ok, "epilogue side node '" + n.name + "' passed the dry run but failed: " + why);
+    expr_of[v] = result;
+  }
   for (int v = gemm + 1; v <= sink; ++v) {
     if (!region[static_cast<size_t>(v)]) continue;
     const auto& n = g.node(v);

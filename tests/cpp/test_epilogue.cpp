@@ -525,6 +525,76 @@ TEST_P(GrowEpilogue, DiamondInsideTheTailIsOneRegion) {
   EXPECT_EQ(r.ep.steps, Steps({"relu", "sigmoid", "mul"}));
 }
 
+// Side computations: a full-shaped operand made of vectors alone is computed in the epilogue.
+
+TEST_P(GrowEpilogue, OuterProductOfVectorsIsComputedInTheEpilogue) {
+  // A LayerNorm folded into the GEMM: acc * rstd - (mean * rstd) * c1 + c2, with mean and rstd
+  // per row ([16, 1]) and c1, c2 per column ([8]). mr * c1 is an outer product: PyTorch would
+  // write it as a [16, 8] tensor for the kernel to read back.
+  auto b = linear_graph(dt(), false);
+  b.input("mean", T(dt(), {16, 1}));
+  b.input("rstd", T(dt(), {16, 1}));
+  b.param("c1", T(dt(), {8}));
+  b.param("c2", T(dt(), {8}));
+  b.call("mr", "aten.mul.Tensor", {N("mean"), N("rstd")}, T(dt(), {16, 1}));
+  b.call("outer", "aten.mul.Tensor", {N("mr"), N("c1")}, t());
+  b.call("s", "aten.mul.Tensor", {N("y"), N("rstd")}, t());
+  b.call("d", "aten.sub.Tensor", {N("s"), N("outer")}, t());
+  b.call("o", "aten.add.Tensor", {N("d"), N("c2")}, t());
+  const auto r = grow(b);
+  // mr is a column vector already: PyTorch computes it (16 values), the kernel reads it.
+  EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"outer", "s", "d", "o"}));
+  EXPECT_EQ(r.ep.output, id_of(r.g, "o"));
+  std::vector<std::pair<std::string, std::string>> leaves;
+  for (const auto& o : r.ep.operands) leaves.emplace_back(o.role, o.broadcast);
+  EXPECT_EQ(leaves, (std::vector<std::pair<std::string, std::string>>{
+                        {"mr", "col"}, {"c1", "row"}, {"rstd", "col"}, {"c2", "row"}}));
+  EXPECT_EQ(r.ep.text(), "((acc * rstd) - (mr * c1)) + c2");
+}
+
+TEST_P(GrowEpilogue, ScaleMadeOfRowAndColumnScalesIsComputedInTheEpilogue) {
+  // Dequantisation written as acc * (sa[:, None] * sb[None, :]).
+  auto b = linear_graph(dt(), false);
+  b.input("sa", T(dt(), {16, 1}));
+  b.param("sb", T(dt(), {1, 8}));
+  b.call("scale", "aten.mul.Tensor", {N("sa"), N("sb")}, t());
+  b.call("o", "aten.mul.Tensor", {N("y"), N("scale")}, t());
+  const auto r = grow(b);
+  EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"scale", "o"}));
+  ASSERT_EQ(r.ep.operands.size(), 2u);
+  EXPECT_EQ(r.ep.operands[0].broadcast, "col");
+  EXPECT_EQ(r.ep.operands[1].broadcast, "row");
+  EXPECT_EQ(r.ep.text(), "acc * (sa * sb)");
+}
+
+TEST_P(GrowEpilogue, OuterProductReadElsewhereStaysAFullOperand) {
+  // The product is also a graph output: PyTorch computes it anyway, the kernel reads it.
+  auto b = linear_graph(dt(), false);
+  b.input("sa", T(dt(), {16, 1}));
+  b.param("sb", T(dt(), {8}));
+  b.call("scale", "aten.mul.Tensor", {N("sa"), N("sb")}, t());
+  b.call("o", "aten.mul.Tensor", {N("y"), N("scale")}, t());
+  b.outputs({"o", "scale"});
+  const auto r = grow(b);
+  EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"o"}));
+  ASSERT_EQ(r.ep.operands.size(), 1u);
+  EXPECT_EQ(r.ep.operands[0].role, "scale");
+  EXPECT_EQ(r.ep.operands[0].broadcast, "full");
+}
+
+TEST_P(GrowEpilogue, FullOperandMadeFromAFullTensorIsNotRecomputed) {
+  // z * 2 with z [16, 8]: computing it in the epilogue would read z, no fewer bytes.
+  auto b = linear_graph(dt(), false);
+  b.input("z", t());
+  b.call("z2", "aten.mul.Tensor", {N("z"), 2.0}, t());
+  b.call("o", "aten.add.Tensor", {N("y"), N("z2")}, t());
+  const auto r = grow(b);
+  EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"o"}));
+  ASSERT_EQ(r.ep.operands.size(), 1u);
+  EXPECT_EQ(r.ep.operands[0].role, "z2");
+  EXPECT_EQ(r.ep.operands[0].broadcast, "full");
+}
+
 // ENGINE BUG, disabled until fixed: grow_epilogue (engine/discover/epilogue.cpp, step 1) checks
 // how each extra operand broadcasts into a node's output, but not that the node's output has the
 // GEMM's shape. A node that broadcasts the GEMM result *up* (more elements than the GEMM writes)

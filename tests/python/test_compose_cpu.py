@@ -196,6 +196,20 @@ class LinearTail(nn.Module):
         return torch.relu(self.fc(x)) * 2.0
 
 
+class FoldedNormLinear(nn.Module):
+    """A LayerNorm folded into the linear after it, written out: the epilogue reads per-row
+    statistics and per-column sums, and (mean * rstd) * c1 is an outer product of the two."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 128, bias=False)
+        self.c1 = nn.Parameter(torch.randn(128))
+        self.c2 = nn.Parameter(torch.randn(128))
+
+    def forward(self, x, mean, rstd):
+        return torch.relu(self.fc(x) * rstd - (mean * rstd) * self.c1 + self.c2)
+
+
 class BatchedMatmul(nn.Module):
     def __init__(self):
         super().__init__()
@@ -657,6 +671,23 @@ def test_linear_with_pointwise_tail(engine_available, tmp_path):
     assert not (targets(opt.graph_module) & {aten.relu.default, aten.linear.default})
     y = torch.randn_like(x)
     assert rel_err(opt(y), eager(model, y)) < 1e-6
+
+
+def test_outer_product_operand_is_computed_in_the_epilogue(engine_available, tmp_path):
+    torch.manual_seed(9)
+    model = FoldedNormLinear().eval()
+    args = [torch.randn(4, 16, 64), torch.randn(4, 16, 1), torch.rand(4, 16, 1) + 0.5]
+    opt = fact.optimize(
+        model, args, implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    (p,) = opt.report["patterns"]
+    assert p["chosen"] == "reference:ref"
+    (node,) = calls(opt.graph_module, run_gemm_pattern)
+    # no PyTorch op is left: the kernel reads mean * rstd (a column), c1, rstd and c2
+    assert not (targets(opt.graph_module) & {aten.relu.default, aten.sub.Tensor, aten.add.Tensor})
+    assert len(calls(opt.graph_module, aten.mul.Tensor)) == 1  # mean * rstd: 64 values
+    fresh = [torch.randn(4, 16, 64), torch.randn(4, 16, 1), torch.rand(4, 16, 1) + 0.5]
+    assert rel_err(opt(*fresh), eager(model, *fresh)) < 1e-6
 
 
 def test_batched_matmul(engine_available, tmp_path):
