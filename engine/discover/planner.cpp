@@ -69,8 +69,36 @@ std::vector<int> select(const std::vector<Candidate>& cands, std::vector<int> id
 
 }  // namespace
 
+namespace {
+
+// Nodes whose values depend on parameters, buffers and constants alone (not on any input).
+std::vector<char> state_only(const Graph& g) {
+  std::vector<char> s(static_cast<size_t>(g.size()), 0);
+  for (const auto& n : g.nodes) {
+    if (n.is_placeholder()) {
+      s[static_cast<size_t>(n.id)] = n.kind != ir::NodeKind::input;
+      continue;
+    }
+    bool only = true;
+    for (int o : g.operands(n)) only = only && s[static_cast<size_t>(o)];
+    s[static_cast<size_t>(n.id)] = only;
+  }
+  return s;
+}
+
+constexpr const char* kStateOnly =
+    "reads only parameters, buffers and constants: the composed module computes it once, and "
+    "again when they change, not on every call";
+
+bool all_state_only(const std::vector<char>& s, const Match& m) {
+  return std::all_of(m.nodes.begin(), m.nodes.end(), [&](int id) { return s[static_cast<size_t>(id)] != 0; });
+}
+
+}  // namespace
+
 Discovery discover(const Graph& g, const CostModel& cost) {
   Discovery d;
+  const std::vector<char> on_state = state_only(g);
   std::vector<Candidate> cands;
   for (const auto& rule : catalog()) {
     for (const auto& n : g.nodes) {
@@ -97,6 +125,11 @@ Discovery discover(const Graph& g, const CostModel& cost) {
   std::vector<int> viable;
   for (size_t i = 0; i < cands.size(); ++i) {
     if (dropped[i]) continue;
+    if (all_state_only(on_state, cands[i].match)) {
+      d.rejected.push_back(cands[i]);
+      d.rejected_why.push_back(kStateOnly);
+      continue;
+    }
     if (cands[i].saving_s() < 0) {
       d.rejected.push_back(cands[i]);
       d.rejected_why.push_back("estimated slower fused than as separate PyTorch ops");
@@ -146,6 +179,11 @@ Discovery discover(const Graph& g, const CostModel& cost) {
     Candidate c{std::move(m), {}, {}};
     c.unfused = cost.unfused(g, c.match.nodes);
     c.fused = cost.fused(g, c.match);
+    if (all_state_only(on_state, c.match)) {
+      d.rejected.push_back(c);
+      d.rejected_why.push_back(kStateOnly);
+      continue;
+    }
     if (c.saving_s() <= 0) {
       d.rejected.push_back(c);
       d.rejected_why.push_back("estimated slower fused than as separate PyTorch ops");

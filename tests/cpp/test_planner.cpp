@@ -1,6 +1,7 @@
 // Planning: overlapping candidates, the roofline cost model, hardware lookup, and `explain`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -91,6 +92,33 @@ TEST(Planner, DisjointPatternsAreAllChosenBestFirst) {
     EXPECT_GT(c.saving_s(), 0);
   }
   expect_nothing_dropped(p);
+}
+
+TEST(Planner, WorkOnParametersAloneIsNoPattern) {
+  // w2 = relu(w * g) computes a weight from parameters alone; the composed module does that
+  // once (compose/hoist.py), so it is no pointwise pattern. The linear that reads it is one.
+  GraphBuilder b;
+  b.input("x", T("bf16", {4096, 1024}));
+  b.param("w", T("bf16", {1024, 1024}));
+  b.param("g", T("bf16", {1024}));
+  b.call("wg", "aten.mul.Tensor", {N("w"), N("g")}, T("bf16", {1024, 1024}));
+  b.call("w2", "aten.relu.default", {N("wg")}, T("bf16", {1024, 1024}));
+  b.call("y", "aten.linear.default", {N("x"), N("w2")}, T("bf16", {4096, 1024}));
+  b.call("r", "aten.sigmoid.default", {N("y")}, T("bf16", {4096, 1024}));
+  const auto p = plan(b);
+  ASSERT_EQ(p.d.chosen.size(), 1u);
+  EXPECT_EQ(p.g.node(p.d.chosen[0].match.root).name, "y");
+  std::string why;
+  bool found = false;
+  for (size_t i = 0; i < p.d.rejected.size(); ++i) {
+    const auto& nodes = p.d.rejected[i].match.nodes;
+    if (std::find(nodes.begin(), nodes.end(), id_of(p.g, "w2")) != nodes.end()) {
+      found = true;
+      why = p.d.rejected_why[i];
+    }
+  }
+  ASSERT_TRUE(found) << "no rejected candidate covers the weight's computation";
+  EXPECT_NE(why.find("parameters, buffers and constants"), std::string::npos) << why;
 }
 
 TEST(Planner, OpaqueNodesAreReportedAndLeftToPytorch) {

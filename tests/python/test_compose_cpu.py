@@ -210,6 +210,20 @@ class FoldedNormLinear(nn.Module):
         return torch.relu(self.fc(x) * rstd - (mean * rstd) * self.c1 + self.c2)
 
 
+class WeightNormLinear(nn.Module):
+    """A linear whose weight is computed from parameters every call (weight normalisation)."""
+
+    def __init__(self):
+        super().__init__()
+        self.v = nn.Parameter(torch.randn(32, 64))
+        self.g = nn.Parameter(torch.rand(32) + 0.5)
+        self.b = nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        w = self.g[:, None] * self.v / self.v.norm(dim=1, keepdim=True)
+        return torch.relu(nn.functional.linear(x, w, self.b))
+
+
 class BatchedMatmul(nn.Module):
     def __init__(self):
         super().__init__()
@@ -688,6 +702,70 @@ def test_outer_product_operand_is_computed_in_the_epilogue(engine_available, tmp
     assert len(calls(opt.graph_module, aten.mul.Tensor)) == 1  # mean * rstd: 64 values
     fresh = [torch.randn(4, 16, 64), torch.randn(4, 16, 1), torch.rand(4, 16, 1) + 0.5]
     assert rel_err(opt(*fresh), eager(model, *fresh)) < 1e-6
+
+
+def test_work_on_parameters_alone_is_done_once_and_again_when_they_change(
+    engine_available, tmp_path
+):
+    torch.manual_seed(10)
+    model, x = WeightNormLinear().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(
+        model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    assert len(calls(opt.graph_module, run_gemm_pattern)) == 1
+    hoist = opt._hoist
+    assert hoist.hoisted_names, "the weight's computation was not hoisted"
+    per_call = {n.target for n in hoist.main.graph.nodes if n.op == "call_function"}
+    assert not per_call & {aten.div.Tensor, aten.linalg_vector_norm.default}
+
+    computed = []
+    prologue = hoist.prologue
+    hoist.prologue = lambda *state: computed.append(1) or prologue(*state)
+    y = torch.randn_like(x)
+    first = opt(y)
+    kept = list(hoist.values(opt._program.state_inputs()))
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
+    assert len(computed) == 1, "the hoisted work ran again with unchanged parameters"
+    # an in-place update of a parameter it reads: computed again, into the same tensors
+    with torch.no_grad():
+        model.g.mul_(2)
+    updated = opt(y)
+    assert len(computed) == 2
+    assert rel_err(updated, first) > 1e-3 and rel_err(updated, eager(model, y)) < 1e-6
+    assert all(a is b for a, b in zip(kept, hoist.values(opt._program.state_inputs()), strict=True))
+    # a new Parameter assigned to the attribute
+    model.v = nn.Parameter(torch.randn(32, 64))
+    assert rel_err(opt(y), eager(model, y)) < 1e-6 and len(computed) == 3
+    # a parameter the hoisted work does not read: nothing computed again
+    with torch.no_grad():
+        model.b.add_(1)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6 and len(computed) == 3
+
+
+def test_hoist_keeps_views_and_random_ops_per_call():
+    from fact.compose.hoist import Hoist
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 4))
+
+        def forward(self, x):
+            return x @ self.w.t() + torch.rand(8) * (self.w * 2).sum(0).sum()
+
+    exported = torch.export.export(M(), (torch.randn(3, 4),))
+    gm = exported.graph_module
+    hoist = Hoist(gm, 1)
+    # w.t() is a view (free): per call; (w * 2).sum(0).sum() is hoisted; rand stays per call
+    assert len(hoist.hoisted_names) == 1 and "sum" in hoist.hoisted_names[0]
+    main_targets = [str(n.target) for n in hoist.main.graph.nodes if n.op == "call_function"]
+    assert any("rand" in t for t in main_targets) and any("t.default" in t for t in main_targets)
+    w, x = exported.state_dict["w"], torch.randn(3, 4)
+    torch.manual_seed(0)
+    want = gm(w, x)[0]
+    torch.manual_seed(0)
+    got = hoist([w], [x])[0]
+    assert torch.allclose(got, want)
 
 
 def test_batched_matmul(engine_available, tmp_path):

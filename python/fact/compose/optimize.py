@@ -12,7 +12,9 @@ reads top to bottom as the pipeline runs:
                 on the module's own intermediate values against the original subgraph and
                 timed against it there; the original PyTorch subgraph stays unless one is
                 correct and faster
-  5. compose    the chosen implementations replace their subgraphs in the exported graph
+  5. compose    the chosen implementations replace their subgraphs in the exported graph; work
+                on parameters alone (a weight computed from others) runs once, and again when
+                a parameter it reads changes (compose/hoist.py)
   6. verify     the composed module against the model in float64 on fresh random inputs; a
                 pattern that breaks it falls back to PyTorch, and the report says so
   7. replay     a whole-module CUDA graph where the inputs' shapes are static
@@ -38,10 +40,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from fact import __version__
+from fact.compose.hoist import Hoist
 from fact.compose.impls import (
     AttentionImpl,
     GatedGemmImpl,
@@ -156,7 +160,10 @@ class OptimizedModule(nn.Module):
         self.cuda_graphs = cuda_graphs
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_graph_module", graph_module)
-        object.__setattr__(self, "_direct_module", direct_calls(graph_module))
+        # What real-tensor calls run: fact ops called directly, and the work on parameters
+        # alone (derived weights, masks) done once and again when they change (hoist.Hoist).
+        n_state = sum(1 for s in program.input_specs if s.kind != InputKind.USER_INPUT)
+        object.__setattr__(self, "_hoist", Hoist(direct_calls(graph_module), n_state))
         object.__setattr__(self, "_replay", None)
         # What the kernels were built for: shapes, dtypes and devices of inputs and state.
         flat = program.flatten(example) if example else []
@@ -184,8 +191,9 @@ class OptimizedModule(nn.Module):
         """The composed graph on the user's flat inputs and the model's state (read now when
         not given)."""
         state = self._program.state_inputs() if state is None else state
-        gm = self._direct_module if runs_eagerly(flat_user) else self._graph_module
-        return list(gm(*state, *flat_user))
+        if runs_eagerly(flat_user):
+            return list(self._hoist(state, flat_user))
+        return list(self._graph_module(*state, *flat_user))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
@@ -217,6 +225,9 @@ class OptimizedModule(nn.Module):
         return list(self._program.graph_module(*state, *flat))
 
     def _graphed(self, flat: Sequence[Any], state: Sequence[Any]) -> list[Any]:
+        # Hoisted values first: recomputed in place when a parameter changed, which the
+        # captured graph then reads; new tensors (a new shape) change the key.
+        hoisted = self._hoist.values(state)
         key = (
             tuple(
                 (tuple(t.shape), t.dtype, t.device, t.stride())
@@ -225,6 +236,7 @@ class OptimizedModule(nn.Module):
                 for t in flat
             ),
             tuple(t.data_ptr() for t in state if isinstance(t, torch.Tensor)),
+            tuple(t.data_ptr() for t in hoisted),
             # the launch knobs captured depend on it (ops.launch_knobs): capture again
             torch.are_deterministic_algorithms_enabled(),
         )
