@@ -1,8 +1,8 @@
 // Row norms: LayerNorm and RMSNorm as ops, and RMSNorm written out by hand
 // (x * rsqrt(mean(x^2, -1, keepdim) + eps), optionally cast back and scaled by a weight).
 #include <algorithm>
-
 #include <limits>
+#include <map>
 
 #include "discover/catalog.h"
 #include "discover/epilogue.h"
@@ -56,6 +56,37 @@ int tensor_arg(const Node& n, int pos, const char* key) {
   return a && a->is_node() ? a->node : -1;
 }
 
+// native_layer_norm(x, [C], None, None, eps) read only for its mean and rstd (a LayerNorm
+// folded into the GEMMs after it, fact/folds.py): one pass over x writes the two f32 columns.
+// An input cast to f32 that nothing else reads belongs to the pattern (the kernel converts).
+Attempt match_row_stats(const Graph& g, const std::string& rule, int root, int x,
+                        const std::map<int64_t, int>& by_index, int weight, int bias, double eps) {
+  if (weight >= 0 || bias >= 0) {
+    return miss(rule, root, root, 2, "native_layer_norm's statistics are used, but it has a weight or bias");
+  }
+  if (!by_index.count(1) || !by_index.count(2)) {
+    return miss(rule, root, root, 2, "only one of native_layer_norm's mean and rstd is used");
+  }
+  const auto& mean_t = g.node(by_index.at(1)).type();
+  if (mean_t.dtype != ir::DType::f32) {
+    return miss(rule, root, by_index.at(1), 2, "the statistics are " + mean_t.str() + ", not f32");
+  }
+  std::vector<int> nodes = {root, by_index.at(1), by_index.at(2)};
+  int input = x;
+  const auto& xn = g.node(x);
+  if (ir::op_class(xn.op) == OpClass::cast && xn.users.size() == 1 && !g.is_graph_output(x)) {
+    nodes.push_back(x);
+    input = first_operand(xn);
+  }
+  Match m = norm_match(g, rule, root, "layer_norm", input, by_index.at(1), nodes, -1, -1, eps);
+  m.epilogue = {"stats"};  // what it writes: norm[stats]:bf16->f32:layer_norm
+  m.attrs["stats"] = true;
+  m.attrs["outputs"] = {g.node(by_index.at(1)).name, g.node(by_index.at(2)).name};
+  Attempt a;
+  a.matches.push_back(m);
+  return a;
+}
+
 }  // namespace
 
 Attempt match_norm_op(const Graph& g, int root) {
@@ -80,16 +111,22 @@ Attempt match_norm_op(const Graph& g, int root) {
   std::vector<int> nodes = {root};
   int out = root;
   if (n.op == Op::native_layer_norm) {
-    // (out, mean, rstd): only the normalised output may be used.
+    // (out, mean, rstd): the normalised output, or the statistics alone.
+    std::map<int64_t, int> by_index;
     for (int u : n.users) {
       const auto& gi = g.node(u);
       const Arg* idx = gi.arg(1);
-      if (gi.op != Op::getitem || !idx || idx->kind != Arg::Kind::integer || idx->i != 0) {
-        return miss(rule, root, u, 1, "native_layer_norm's mean or rstd is used ('" + gi.name + "')");
+      if (gi.op != Op::getitem || !idx || idx->kind != Arg::Kind::integer || by_index.count(idx->i)) {
+        return miss(rule, root, u, 1, "native_layer_norm's result is read other than by one getitem per output");
       }
-      nodes.push_back(u);
-      out = u;
+      by_index[idx->i] = u;
     }
+    if (!by_index.count(0)) return match_row_stats(g, rule, root, x, by_index, weight, bias, eps);
+    if (by_index.size() != 1) {
+      return miss(rule, root, root, 1, "native_layer_norm's mean or rstd is used beside its output");
+    }
+    nodes.push_back(by_index[0]);
+    out = by_index[0];
   }
   const std::string kind = n.op == Op::rms_norm ? "rms_norm" : "layer_norm";
   Attempt a;

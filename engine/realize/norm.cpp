@@ -47,6 +47,10 @@ NormSpec NormSpec::from_pattern(const json& p) {
   s.dtype_round = a.value("round_to", "");
   s.round_before_weight = s.has_weight && !s.dtype_round.empty() && s.dtype_round != "f32";
   if (s.round_before_weight) cuda_type(s.dtype_round);
+  s.stats = a.value("stats", false);
+  if (s.stats && (s.kind != "layer_norm" || s.has_weight || s.has_bias || s.dtype_out != "f32")) {
+    throw NotSupported("row statistics are a LayerNorm's f32 mean and rstd, without weight or bias");
+  }
   s.cols = p.at("problem").at("cols").get<int64_t>();
   const int vec = s.vector_width();
   if (s.cols <= 0 || s.cols % vec != 0) {
@@ -62,7 +66,8 @@ int NormSpec::vector_width() const { return 16 / dtype_size(dtype_in); }
 std::string NormSpec::id() const {
   return short_hash(
       json({kind, dtype_in, dtype_out, dtype_weight, has_weight, has_bias, round_before_weight, dtype_round, cols})
-          .dump());
+              .dump() +
+      (stats ? "|stats" : ""));
 }
 
 json NormConfig::to_json() const { return {{"name", name()}, {"threads", threads}, {"items", items}}; }
@@ -84,7 +89,8 @@ std::vector<NormConfig> norm_configs(const NormSpec& spec) {
 EmittedKernel emit_norm(const NormSpec& spec, const NormConfig& c) {
   FACT_CHECK(c.threads % 32 == 0 && c.threads <= 1024 && c.items >= 1, "bad norm config " + c.name());
   EmittedKernel k;
-  k.name = "fact_" + spec.kind + "_" + spec.dtype_in + "_" + spec.dtype_out + "_" + spec.id() + "_" + c.name();
+  k.name = "fact_" + spec.kind + (spec.stats ? "_stats" : "") + "_" + spec.dtype_in + "_" + spec.dtype_out + "_" +
+           spec.id() + "_" + c.name();
   const json info = {{"family", "norm"},
                      {"kind", spec.kind},
                      {"dtype_in", spec.dtype_in},
@@ -95,11 +101,16 @@ EmittedKernel emit_norm(const NormSpec& spec, const NormConfig& c) {
                      {"round_before_weight", spec.round_before_weight},
                      {"dtype_round", spec.dtype_round},
                      {"cols", spec.cols},
+                     {"stats", spec.stats},
                      {"config", c.to_json()}};
   const std::string w = spec.dtype_weight.empty() ? "float" : cuda_type(spec.dtype_weight);
   std::map<std::string, std::string> vars = {
-      {"description", spec.kind + " over rows of " + std::to_string(spec.cols) + " " + spec.dtype_in + " -> " +
-                          spec.dtype_out + (spec.has_weight ? ", weight" : "") + (spec.has_bias ? ", bias" : "")},
+      {"description", spec.stats ? spec.kind + " statistics (mean, rstd) of rows of " + std::to_string(spec.cols) +
+                                       " " + spec.dtype_in
+                                 : spec.kind + " over rows of " + std::to_string(spec.cols) + " " + spec.dtype_in +
+                                       " -> " + spec.dtype_out + (spec.has_weight ? ", weight" : "") +
+                                       (spec.has_bias ? ", bias" : "")},
+      {"stats", spec.stats ? "true" : "false"},
       {"kernel_name", k.name},
       {"abi_exports", abi_exports(k.name, info.dump())},
       {"t_in", cuda_type(spec.dtype_in)},

@@ -18,6 +18,7 @@ struct NormSpec {
   bool round_before_weight = false;  // the model casts before * weight (Llama's .type_as(x))
   std::string dtype_round;           // ... to this dtype
   int64_t cols = 0;
+  bool stats = false;  // write each row's mean and rstd (f32), not the normalised row
 
   static NormSpec from_pattern(const nlohmann::json& pattern);  // NotSupported if it cannot be
   int vector_width() const;  // elements of x per 16-byte load

@@ -79,6 +79,25 @@ TEST(EmitNorm, Fp32RowsUseFourWideVectors) {
   EXPECT_NE(k.source.find("constexpr bool kHasWeight = false;"), std::string::npos);
 }
 
+TEST(EmitNorm, RowStatisticsWriteMeanAndRstd) {
+  // A LayerNorm folded into the GEMMs after it: one read of x, two f32 columns written.
+  json p = norm_pattern("norm", "layer_norm", "bf16", 768, false, false, "f32");
+  p["attrs"]["stats"] = true;
+  const auto spec = NormSpec::from_pattern(p);
+  EXPECT_TRUE(spec.stats);
+  EXPECT_NE(spec.id(), NormSpec::from_pattern(norm_pattern("norm", "layer_norm", "bf16", 768, false, false, "f32")).id());
+  const auto k = emit_norm(spec, norm_configs(spec)[2]);
+  EXPECT_EQ(k.name.rfind("fact_layer_norm_stats_bf16_f32_", 0), 0u) << k.name;
+  expect_golden(k, "norm_layer_norm_stats_bf16_768_t32.cu");
+  // Statistics of a norm with a weight, or in bf16, are not what the fold reads.
+  json weighted = norm_pattern("norm", "layer_norm", "bf16", 768, true, false, "f32");
+  weighted["attrs"]["stats"] = true;
+  EXPECT_THROW(NormSpec::from_pattern(weighted), NotSupported);
+  json rounded = norm_pattern("norm", "layer_norm", "bf16", 768, false, false, "bf16");
+  rounded["attrs"]["stats"] = true;
+  EXPECT_THROW(NormSpec::from_pattern(rounded), NotSupported);
+}
+
 TEST(EmitNorm, RefusedRowsSayWhy) {
   auto why = [](const json& p) {
     try {

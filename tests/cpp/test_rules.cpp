@@ -499,6 +499,44 @@ TEST(RuleNorm, LayerNormWithoutAffine) {
   EXPECT_DOUBLE_EQ(m->attrs.at("eps").get<double>(), 1e-6);
 }
 
+// native_layer_norm read for its mean and rstd alone (fact/folds.py folds the LayerNorm into the
+// GEMMs after it): a statistics pattern with two outputs, its input cast absorbed.
+GraphBuilder row_stats_graph(bool with_weight) {
+  GraphBuilder b;
+  const json f = T("f32", {4, 8, 64});
+  const json col = T("f32", {4, 8, 1});
+  b.input("x", T("bf16", {4, 8, 64}));
+  b.param("w", T("f32", {64}));
+  b.call("xf", "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
+  b.call("nl", "aten.native_layer_norm.default", {N("xf"), L({64}), with_weight ? N("w") : None, None, 1e-5},
+         json::array({f, col, col}));
+  b.call("mean", "getitem", {N("nl"), 1}, col);
+  b.call("rstd", "getitem", {N("nl"), 2}, col);
+  b.call("mr", "aten.mul.Tensor", {N("mean"), N("rstd")}, col);
+  return b;
+}
+
+TEST(RuleNorm, RowStatisticsOfANativeLayerNorm) {
+  const auto p = plan(row_stats_graph(false));
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->attrs.at("kind"), "layer_norm");
+  EXPECT_TRUE(m->attrs.at("stats").get<bool>());
+  EXPECT_EQ(m->attrs.at("outputs"), json({"mean", "rstd"}));
+  EXPECT_EQ(m->epilogue, Names({"stats"}));  // its signature says so: not a norm without affine
+  EXPECT_EQ(m->attrs.at("dtype_in"), "bf16");  // the kernel converts: x.float() is in the pattern
+  EXPECT_EQ(m->attrs.at("dtype_out"), "f32");
+  EXPECT_EQ(names(p.g, m->nodes), Names({"xf", "nl", "mean", "rstd"}));
+  EXPECT_EQ(p.g.node(m->output).name, "mean");
+  ASSERT_FALSE(m->operands.empty());
+  EXPECT_EQ(p.g.node(m->operands[0].node).name, "x");
+}
+
+TEST(RuleNorm, RowStatisticsOfANormWithAWeightIsAMiss) {
+  const auto p = plan(row_stats_graph(true));
+  EXPECT_TRUE(chosen_of(p, Family::norm).empty());
+}
+
 TEST(RuleNorm, LayerNormOverTwoDimsIsAMiss) {
   GraphBuilder b;
   b.input("x", T("f32", {4, 8, 64}));

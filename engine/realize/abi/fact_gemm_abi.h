@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 5: what every generated GEMM-family kernel library exports.
+/* FACT kernel C ABI, version 6: what every generated GEMM-family kernel library exports.
  *
  * A generated .so is loaded with dlopen and driven through these symbols; no libtorch, no C++
  * types cross the boundary. Sizes and leading dimensions are in elements. Status codes:
@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 5
+#define FACT_ABI_VERSION 6
 #define FACT_MAX_EPILOGUE_OPERANDS 8
 #define FACT_MAX_GEMM_PARTS 8
 

@@ -1,7 +1,9 @@
-/* FACT kernel C ABI, version 4, for generated row-norm kernels (LayerNorm, RMSNorm).
+/* FACT kernel C ABI, version 6, for generated row-norm kernels (LayerNorm, RMSNorm).
  *
  * out[r, :] = norm(x[r, :]) (* weight) (+ bias) for r < rows, each row `cols` contiguous
- * elements; rows start `ldx` / `ldout` elements apart. Status codes and fact_abi_version,
+ * elements; rows start `ldx` / `ldout` elements apart. A statistics kernel (a LayerNorm folded
+ * into the GEMMs after it) writes each row's mean to out[r] and its rstd to rstd[r] instead, both
+ * f32 (`rstd` is new in version 6; a kernel of the normalised row ignores it). Status codes and fact_abi_version,
  * fact_kernel_name, fact_kernel_info and fact_last_error are those of fact_gemm_abi.h.
  */
 #ifndef FACT_NORM_ABI_H
@@ -22,6 +24,7 @@ typedef struct FactNormArgs {
   void* out;          /* out[r, c] at out + r*ldout + c */
   int64_t ldout;
   double eps;
+  void* rstd;         /* statistics kernels: rstd[r] (f32); null otherwise */
 } FactNormArgs;
 
 int fact_norm_can_implement(const FactNormArgs* args);

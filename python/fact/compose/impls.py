@@ -754,12 +754,21 @@ class NormImpl(Impl):
             torch_dtype(round_to) if rounds else None,
             label,
         )
+        self.stats = bool(attrs.get("stats"))  # mean and rstd (fact::norm_stats), no row
+        if library is not None and bool(library.info.get("stats")) != self.stats:
+            raise NotSupportedError(
+                f"{label}: a {'statistics' if library.info.get('stats') else 'row-norm'} kernel "
+                f"for a {'statistics' if self.stats else 'row-norm'} pattern"
+            )
         self.handle = register_kernel(entry)
         name = f"generated:{label}" if backend == "cutlass" else f"reference:{label or kind}"
         super().__init__(name, "generated", {"backend": backend})
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         x = role_input(reg, pattern, "x")
+        if self.stats:  # (mean, rstd): replace() takes one getitem per output
+            stats = torch.ops.fact.norm_stats.default
+            return graph.call_function(stats, (x,), {"kernel": self.handle})
         weight = role_input(reg, pattern, "weight", required=False)
         bias = role_input(reg, pattern, "bias", required=False)
         return graph.call_function(run_norm_pattern, (x, weight, bias), {"kernel": self.handle})

@@ -1,5 +1,5 @@
-"""`fact::gemm`, `fact::gemm_parts`, `fact::norm`, `fact::attention` and `fact::pointwise`, the
-torch custom ops through which a composed module calls generated kernels.
+"""`fact::gemm`, `fact::gemm_parts`, `fact::norm`, `fact::norm_stats`, `fact::attention` and
+`fact::pointwise`, the torch custom ops through which a composed module calls generated kernels.
 
 The op is registered with torch.library, so the composed module traces under torch.compile,
 export and fake tensors, and records into CUDA graphs: it allocates its output (and any
@@ -386,6 +386,42 @@ def _norm_fake(x, weight, bias, kernel):
     return x.new_empty(x.shape, dtype=kernel_entry(kernel).out_dtype)
 
 
+def _norm_stats(x: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, rstd) of each row of x over the last dim, f32, shaped like x with the last dim 1
+    (native_layer_norm's statistics) by statistics kernel `kernel`."""
+    entry = kernel_entry(kernel)
+    stat_shape = (*x.shape[:-1], 1)
+    if entry.backend == "reference":
+        var, mean = torch.var_mean(x.float(), dim=-1, correction=0, keepdim=True)
+        return mean, torch.rsqrt(var + entry.eps)
+    lib = entry.library
+    _check_dtypes(entry.label, [("x", x, torch_dtype(lib.info.get("dtype_in", "f32")))])
+    x2 = x.reshape(-1, entry.cols)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    mean = torch.empty(stat_shape, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(stat_shape, dtype=torch.float32, device=x.device)
+    args = FactNormArgs()
+    args.rows, args.cols = x2.shape[0], entry.cols
+    args.x, args.ldx = x2.data_ptr(), x2.stride(0)
+    args.out, args.ldout, args.rstd, args.eps = mean.data_ptr(), 1, rstd.data_ptr(), entry.eps
+    status = lib.norm_can_implement(args)
+    if status != Status.OK:
+        raise FactError(f"fact::norm_stats {entry.label}: {lib.last_error()}")
+    with device_guard(x.device):
+        lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
+    return mean, rstd
+
+
+norm_stats = torch.library.custom_op("fact::norm_stats", _norm_stats, mutates_args=())
+
+
+@norm_stats.register_fake
+def _norm_stats_fake(x, kernel):
+    shape = (*x.shape[:-1], 1)
+    return x.new_empty(shape, dtype=torch.float32), x.new_empty(shape, dtype=torch.float32)
+
+
 # ---------------------------------------------------------------------------------------------
 # Attention
 
@@ -741,6 +777,7 @@ BODIES = {
     torch.ops.fact.gemm.default: _gemm,
     torch.ops.fact.gemm_parts.default: _gemm_parts,
     torch.ops.fact.norm.default: _norm,
+    torch.ops.fact.norm_stats.default: _norm_stats,
     torch.ops.fact.attention.default: _attention,
     torch.ops.fact.pointwise.default: _pointwise,
 }

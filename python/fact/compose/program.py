@@ -222,11 +222,15 @@ def _view_base(value: Any) -> Any:
 def pattern_outputs(pattern: Mapping[str, Any]) -> list[str]:
     """The plan names of the nodes a pattern produces for the rest of the graph: a horizontal
     GEMM's parts (its linear layers reading one input, in part order), each read on its own;
-    for every other family its one output."""
+    a pattern's `attrs.outputs` where it has them (row statistics: mean and rstd); otherwise
+    its one output."""
+    attrs = pattern.get("attrs") or {}
     if pattern.get("family") == "horizontal_gemm":
-        parts = (pattern.get("attrs") or {}).get("parts") or pattern.get("anchors") or []
+        parts = attrs.get("parts") or pattern.get("anchors") or []
         if parts:
             return [str(name) for name in parts]
+    if attrs.get("outputs"):  # several values of one kernel (a norm's mean and rstd)
+        return [str(name) for name in attrs["outputs"]]
     return [str(pattern.get("output", ""))]
 
 

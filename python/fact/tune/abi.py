@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 5 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 6 (engine/realize/abi/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from fact.errors import FactError
 
-FACT_ABI_VERSION = 5
+FACT_ABI_VERSION = 6
 FACT_MAX_EPILOGUE_OPERANDS = 8
 FACT_MAX_GEMM_PARTS = 8
 FACT_POINTWISE_MAX_RANK = 8
@@ -153,6 +153,7 @@ class FactNormArgs(ctypes.Structure):
         ("out", _PTR),
         ("ldout", _I64),
         ("eps", ctypes.c_double),
+        ("rstd", _PTR),  # statistics kernels: rstd[r]; out[r] is the mean
     ]
 
 

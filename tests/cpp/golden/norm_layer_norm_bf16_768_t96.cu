@@ -23,6 +23,8 @@ constexpr int kVec = 8;  // elements of x per 16-byte load
 constexpr int kVecs = kCols / kVec;
 constexpr int kItems = 1;
 constexpr bool kRms = false;
+// Statistics only: each row's mean and rstd (f32) go to out and rstd, no normalised row.
+constexpr bool kStats = false;
 constexpr bool kHasWeight = true;
 constexpr bool kHasBias = true;
 // The model rounds the normalised value before the weight multiply (Llama's
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) fact_norm_kernel(const TIn* __restri
                                                              const TW* __restrict__ weight,
                                                              const TW* __restrict__ bias,
                                                              TOut* __restrict__ out, int64_t ldout,
-                                                             float eps) {
+                                                             float* __restrict__ rstd_out, float eps) {
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const TIn* xr = x + row * ldx;
@@ -109,8 +111,14 @@ __global__ void __launch_bounds__(kThreads) fact_norm_kernel(const TIn* __restri
     }
     rstd = rsqrtf(block_sum(sq, scratch) / kCols + eps);
   }
+  if (kStats) {
+    if (threadIdx.x == 0) {
+      out[row] = from_float<TOut>(mean);
+      rstd_out[row] = rstd;
+    }
+  }
 #pragma unroll
-  for (int i = 0; i < kItems; ++i) {
+  for (int i = 0; i < (kStats ? 0 : kItems); ++i) {
     const int vi = threadIdx.x + i * kThreads;
     if (vi >= kVecs) continue;
     Pack<TW> w, b;
@@ -142,18 +150,19 @@ extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
 __attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_layer_norm_bf16_bf16_82c0609a14_t96"; }
-__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"cols":768,"config":{"items":1,"name":"t96","threads":96},"dtype_in":"bf16","dtype_out":"bf16","dtype_round":"","dtype_weight":"bf16","family":"norm","has_bias":true,"has_weight":true,"kind":"layer_norm","round_before_weight":false})FACTJSON"; }
+__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"cols":768,"config":{"items":1,"name":"t96","threads":96},"dtype_in":"bf16","dtype_out":"bf16","dtype_round":"","dtype_weight":"bf16","family":"norm","has_bias":true,"has_weight":true,"kind":"layer_norm","round_before_weight":false,"stats":false})FACTJSON"; }
 __attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
 
 __attribute__((visibility("default"))) int fact_norm_can_implement(const FactNormArgs* a) {
   g_error[0] = 0;
   if (!a || !a->x || !a->out) return fail(FACT_INVALID_ARGS, "null args, x or out");
+  if (kStats && !a->rstd) return fail(FACT_INVALID_ARGS, "a statistics kernel needs rstd");
   if (kHasWeight && !a->weight) return fail(FACT_INVALID_ARGS, "this norm needs a weight");
   if (kHasBias && !a->bias) return fail(FACT_INVALID_ARGS, "this norm needs a bias");
   if (a->cols != kCols) return fail(FACT_NOT_SUPPORTED, "the kernel was generated for cols = 768");
   if (a->rows < 0 || a->rows > 2147483647) return fail(FACT_NOT_SUPPORTED, "rows out of range");
-  if (a->ldx % kVec || a->ldout % kVec || !aligned(a->x, 16) ||
-      !aligned(a->out, sizeof(TOut) * kVec) || (kHasWeight && !aligned(a->weight, sizeof(TW) * kVec)) ||
+  if (a->ldx % kVec || (!kStats && a->ldout % kVec) || !aligned(a->x, 16) ||
+      !aligned(a->out, kStats ? sizeof(TOut) : sizeof(TOut) * kVec) || (kHasWeight && !aligned(a->weight, sizeof(TW) * kVec)) ||
       (kHasBias && !aligned(a->bias, sizeof(TW) * kVec))) {
     return fail(FACT_NOT_SUPPORTED, "rows must start on 16-byte boundaries (vector loads)");
   }
@@ -166,7 +175,7 @@ __attribute__((visibility("default"))) int fact_norm_run(const FactNormArgs* a, 
   if (a->rows == 0) return FACT_OK;
   fact_norm_kernel<<<static_cast<unsigned>(a->rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const TIn*>(a->x), a->ldx, static_cast<const TW*>(a->weight), static_cast<const TW*>(a->bias),
-      static_cast<TOut*>(a->out), a->ldout, static_cast<float>(a->eps));
+      static_cast<TOut*>(a->out), a->ldout, static_cast<float*>(a->rstd), static_cast<float>(a->eps));
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
