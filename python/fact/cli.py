@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--reps", type=int, default=30, help="timed repetitions per module")
     bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     bench.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graph replay")
+    bench.add_argument(
+        "--no-fold-norms",
+        action="store_true",
+        help="keep LayerNorms as kernels of their own (default: fold them into the GEMMs after "
+        "them where FACT's kernels run both)",
+    )
     bench.add_argument("--profile", action="store_true", help="add a per-kernel time profile")
     bench.add_argument("-q", "--quiet", action="store_true", help="only the final table")
     bench.set_defaults(run=_bench)
@@ -179,9 +185,9 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument(
         "--arch",
         choices=ARCH_CHOICES,
-        help="apply the layout rewrites fact.optimize applies for this architecture (default: "
-        "none, the graph as exported; discover, explain and realize of a problem file apply "
-        "those of their target, sm90 unless --arch says otherwise)",
+        help="apply the rewrites fact.optimize applies for this architecture: layouts and "
+        "LayerNorm folds (default: none, the graph as exported; discover, explain and realize "
+        "of a problem file apply those of their target, sm90 unless --arch says otherwise)",
     )
     trace.add_argument(
         "-o", "--output", required=True, type=Path, metavar="GRAPH.json", help="graph file to write"
@@ -244,6 +250,7 @@ def _bench(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         command="fact " + " ".join(sys.argv[1:]),
         profile=args.profile,
+        fold_norms=not args.no_fold_norms,
     )
     print(summary_table(bench))
     print(f"report: {out / 'report.md'}")
@@ -378,7 +385,7 @@ def _graph_file(
     arch: str | None = None,
 ) -> Iterator[Path]:
     """Yield a graph file for target: the .json itself, or a fresh trace of the .py (with the
-    layout rewrites for `arch`)."""
+    rewrites for `arch`)."""
     if is_graph:
         yield Path(target)
     elif save_to is not None:
@@ -399,7 +406,7 @@ def _trace_problem(
     arch: str | None = None,
 ) -> None:
     """Load, trace and save a problem file, with progress on stderr. With `arch`, the program
-    gets the layout rewrites fact.optimize gives it for that target (tracer.trace)."""
+    gets the rewrites fact.optimize gives it for that target (tracer.trace)."""
     import torch  # loads only when needed
 
     from fact.problem import check_problem_path, load_problem
@@ -421,7 +428,7 @@ def _trace_problem(
             loaded.inputs,
             source=str(problem),
             arch=arch,
-            on_rewrite=lambda line: print(f"layout: {line}", file=sys.stderr, flush=True),
+            on_rewrite=lambda line: print(line, file=sys.stderr, flush=True),
         )
     finally:
         torch.set_float32_matmul_precision(previous)

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from fact.fx_build import NodeBuilder, fake_mode_of, value_of
+
 aten = torch.ops.aten
 
 _TRANSPOSES = (aten.transpose.int,)
@@ -47,10 +49,6 @@ def applies_v_transposed(dtype: torch.dtype, precision: str, arch: str) -> bool:
     """Whether attention's V should be produced transposed: fp32 models whose attention runs
     on Hopper's TF32 kernels (precision high or medium)."""
     return dtype == torch.float32 and precision in ("high", "medium") and arch == "sm90"
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, fx.Node) else node
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:
@@ -78,38 +76,10 @@ def _heads_transpose(node: fx.Node) -> bool:
     """transpose(view, 1, 2) of a 4-D tensor: (B, S, H, D) -> (B, H, S, D)."""
     if node.target not in _TRANSPOSES or len(node.args) != 3:
         return False
-    val = _val(node.args[0])
+    val = value_of(node.args[0])
     if not isinstance(val, torch.Tensor) or val.dim() != 4:
         return False
     return sorted(d % 4 for d in node.args[1:]) == [1, 2]
-
-
-class _Builder:
-    """Adds nodes after an anchor, in order, each with its FakeTensor value (what the tracer's
-    graph conversion reads shapes and strides from) and the anchor's source location."""
-
-    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode: Any):
-        self.graph, self.last, self.fake_mode = graph, anchor, fake_mode
-        self.meta = {
-            k: anchor.meta[k] for k in ("stack_trace", "nn_module_stack") if k in anchor.meta
-        }
-
-    def __call__(self, target: Any, *args: Any) -> fx.Node:
-        with self.graph.inserting_after(self.last):
-            node = self.graph.call_function(target, tuple(args))
-        node.meta.update(self.meta)
-        values = [_val(a) for a in args]
-        with self.fake_mode:
-            node.meta["val"] = target(*values)
-        self.last = node
-        return node
-
-
-def _fake_mode(gm: fx.GraphModule) -> Any:
-    from torch._guards import detect_fake_mode
-
-    values = [n.meta["val"] for n in gm.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    return detect_fake_mode(values)
 
 
 def _match(v4: fx.Node) -> dict[str, Any] | None:
@@ -119,7 +89,7 @@ def _match(v4: fx.Node) -> dict[str, Any] | None:
         return None
     if _only_user(view) is not v4:
         return None
-    b, s, h, d = _val(view).shape  # the view's sizes may say -1
+    b, s, h, d = value_of(view).shape  # the view's sizes may say -1
     src = view.args[0]
     part, split = None, None
     if src.target is operator.getitem:
@@ -129,7 +99,7 @@ def _match(v4: fx.Node) -> dict[str, Any] | None:
         linear = split.args[0]
         size = split.args[1]
         dim = split.args[2] if len(split.args) > 2 else 0
-        out = _val(linear)
+        out = value_of(linear)
         if not isinstance(size, int) or dim % 3 != 2 or size != h * d:
             return None
         parts = out.shape[-1] // size
@@ -148,7 +118,7 @@ def _match(v4: fx.Node) -> dict[str, Any] | None:
         return None
     x, w = linear.args[0], linear.args[1]
     bias = linear.args[2] if len(linear.args) > 2 else None
-    xv, wv, outv = _val(x), _val(w), _val(linear)
+    xv, wv, outv = value_of(x), value_of(w), value_of(linear)
     if not all(isinstance(t, torch.Tensor) for t in (xv, wv, outv)):
         return None
     if xv.dim() != 3 or tuple(xv.shape[:2]) != (b, s) or not xv.is_contiguous():
@@ -169,8 +139,8 @@ def _rewrite(gm: fx.GraphModule, m: dict[str, Any], fake_mode: Any) -> str:
     x, w, bias = m["x"], m["w"], m["bias"]
     b, s, h, d = m["b"], m["s"], m["h"], m["d"]
     c = h * d
-    k = _val(x).shape[-1]
-    add = _Builder(g, linear, fake_mode)
+    k = value_of(x).shape[-1]
+    add = NodeBuilder(g, linear, fake_mode)
     lo = part * c if split is not None else 0
     w_v = add(aten.slice.Tensor, w, 0, lo, lo + c) if split is not None else w
     x2 = add(aten.view.default, x, [b * s, k])
@@ -209,7 +179,7 @@ def v_transposed(program: torch.export.ExportedProgram) -> list[str]:
     gm = program.graph_module
     done = []
     candidates = [n for n in gm.graph.nodes if _heads_transpose(n) and _attention_v(n)]
-    fake_mode = _fake_mode(gm) if candidates else None
+    fake_mode = fake_mode_of(gm) if candidates else None
     if fake_mode is None:  # no attention V, or no FakeTensor values to build new ones from
         return []
     for v4 in candidates:

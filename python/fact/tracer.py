@@ -92,9 +92,10 @@ def trace(
     `dtype` ("bf16", "fp16", "fp32") first casts the module in place (as `nn.Module.to` does) and
     the floating-point inputs. `source` is recorded for reports (the problem file); it defaults to
     the module's class. `dynamic_shapes` is passed to torch.export; symbolic dims come out as
-    strings such as "s0". With `arch`, the program first gets the layout rewrites that
+    strings such as "s0". With `arch`, the program first gets the rewrites that
     `fact.optimize` gives it for that target under torch's float32 matmul precision
-    (fact.layouts.rewrite; `on_rewrite` is called with a line for each), so that the graph is
+    (fact.rewrites.apply: layouts and LayerNorm folds; `on_rewrite` is called with a line for
+    each), so that the graph is
     the one optimize plans; without, it is the graph as exported. Raises `TraceError` when
     torch.export cannot capture the model.
     """
@@ -102,10 +103,11 @@ def trace(
         module, example_inputs, dtype=dtype, source=source, dynamic_shapes=dynamic_shapes
     )
     if arch is not None:
-        from fact import layouts
+        from fact import rewrites
 
         precision = torch.get_float32_matmul_precision()
-        for line in layouts.rewrite(program, model_dtype(program), precision, arch):
+        lines, _ = rewrites.apply(program, model_dtype(program), precision, arch)
+        for line in lines:
             if on_rewrite is not None:
                 on_rewrite(line)
     return graph_from_program(

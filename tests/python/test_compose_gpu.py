@@ -252,6 +252,52 @@ def test_generated_norm_kernels_match_eager(tmp_path):
     assert (out == ref).float().mean() > 0.9
 
 
+class PreNormMlp(nn.Module):
+    """x + down(gelu(up(layer_norm(x)))): the LayerNorm folds into the up projection."""
+
+    def __init__(self, d: int = 768, h: int = 3072):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.down(nn.functional.gelu(self.up(self.ln(x)), approximate="tanh"))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "precision", "bound"),
+    [(torch.bfloat16, "high", 2e-2), (torch.float32, "highest", 1e-4)],  # fp32: 3xTF32 GEMMs
+)
+def test_layer_norm_folded_into_the_gemm_runs_generated_kernels(tmp_path, dtype, precision, bound):
+    """fact/folds.py on the GPU: the row statistics and the folded GEMM run as generated
+    kernels, the derived weights follow an in-place update, and replay matches launches."""
+    torch.manual_seed(3)
+    model = PreNormMlp().cuda().to(dtype).eval()
+    with torch.no_grad():
+        model.ln.weight.uniform_(0.5, 1.5)
+        model.ln.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(8, 1024, 768, device="cuda", dtype=dtype) * 2 + 0.5
+    opt = fact.optimize(
+        model, [x], candidates=2, run_dir=tmp_path / "run", quiet=True, require_faster=False,
+        precision=precision, use_cache=False,
+    )  # fmt: skip
+    assert opt.report["folds"] and opt.report["folds_dropped"] == [], opt.report
+    stats = [p for p in opt.report["patterns"] if "norm[stats]" in (p.get("signature") or "")]
+    assert stats and all(p["chosen"].startswith("generated:") for p in stats), stats
+    y = torch.randn_like(x) * 3 - 1
+    with torch.no_grad():
+        assert rel_err(opt(y), model(y)) < bound
+        model.ln.weight.mul_(1.25)  # the folded weights W * gamma are derived: recomputed
+        opt.cuda_graphs = False
+        launched = opt(y)
+        assert rel_err(launched, model(y)) < bound
+        opt.cuda_graphs = True
+        assert rel_err(opt(y), launched) < 1e-6
+        model.ln.bias.add_(0.5)  # seen by the captured graph too (kept tensors updated in place)
+        assert rel_err(opt(y), model(y)) < bound
+
+
 # ---------------------------------------------------------------------------------------------
 # Fused attention: generated CUTLASS FMHA kernels through fact::attention
 

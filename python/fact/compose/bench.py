@@ -304,6 +304,7 @@ def run_bench(
     quiet: bool = False,
     command: str = "",
     profile: bool = False,
+    fold_norms: bool = True,
 ) -> dict[str, Any]:
     from fact.problem import load_problem
     from fact.tune.harness import environment
@@ -326,6 +327,7 @@ def run_bench(
         run_dir=out,
         cuda_graphs=cuda_graphs,
         quiet=quiet,
+        fold_norms=fold_norms,
     )
 
     def say(msg: str) -> None:

@@ -14,7 +14,8 @@ so a captured CUDA graph that reads it stays valid. Writes through `.data` bypas
 counter and are not seen (as for the watched buffers, Program.stale_buffers).
 
 Only work worth keeping is hoisted: a node that computes (not a view or alias of a parameter,
-which costs nothing) and is read by the per-call graph. Random ops stay in the per-call graph.
+which costs nothing) and is read by the per-call graph. Random ops, and values the module
+returns (or views of them), stay in the per-call graph.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class Hoist:
                 heavy[n] = (n.op == "call_function" and not _is_alias(n)) or any(
                     heavy[a] for a in n.all_input_nodes
                 )
+        # Values the module returns, and what they are views of: a kept tensor must never reach
+        # the caller (who may write to it, and whom a recomputation would overwrite).
+        returned: set[fx.Node] = set()
+        stack = [a for n in graph.nodes if n.op == "output" for a in n.all_input_nodes]
+        while stack:
+            m = stack.pop()
+            if m not in returned:
+                returned.add(m)
+                if _is_alias(m):
+                    stack.extend(m.all_input_nodes)
         # What the per-call graph reads of the constant part, where computing it costs something.
         hoisted = [
             n
@@ -81,6 +92,7 @@ class Hoist:
             if n in const
             and n.op == "call_function"
             and heavy[n]
+            and n not in returned
             and any(u not in const for u in n.users)
             and isinstance(n.meta.get("val", torch.empty(0)), torch.Tensor)
         ]

@@ -785,6 +785,7 @@ def optimize(
     use_cache: bool = True,
     require_faster: bool = True,
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None = None,
+    fold_norms: bool = True,
 ) -> OptimizedModule:
     """Return a module computing `model`'s function with FACT's kernels where they verify and
     win, PyTorch everywhere else. See the module docstring for the steps.
@@ -793,15 +794,65 @@ def optimize(
     candidates: kernels compiled per GEMM pattern. run_dir: where the plan, kernels, logs and
     report go (default: the cache's runs/<key>). implementations(index, pattern): extra
     implementations to consider (tests use PyTorch twins of the kernels on CPU).
+
+    fold_norms: fold LayerNorms into the GEMMs after them (fact.folds) where FACT's kernels can
+    run them; when a fold's kernels are not chosen, the module is planned again without folds.
     """
-    from fact import layouts
+    progress = Progress(quiet)
+    options = {
+        "precision": precision,
+        "arch": arch,
+        "candidates": candidates,
+        "cuda_graphs": cuda_graphs,
+        "use_cache": use_cache,
+        "require_faster": require_faster,
+        "implementations": implementations,
+    }
+    started = time.perf_counter()
+    skip: dict[str, str] = {}  # folds that did not pay: norm -> why
+    attempt, replans = run_dir, 0
+    while True:
+        opt, dropped = _optimize_once(
+            model, example_inputs, progress, attempt, started, fold_norms=fold_norms,
+            fold_skip=skip, **options,
+        )  # fmt: skip
+        if opt is not None:
+            return opt
+        for norm, why in dropped.items():  # each round drops at least one more fold
+            progress(f"fold of {norm} does not pay: {why}")
+        skip.update(dropped)
+        progress(f"planning again without the folds of {', '.join(skip)}")
+        replans += 1
+        if run_dir is not None:  # the attempt's files stay where they are
+            attempt = Path(run_dir) / f"replan-{replans}"
+
+
+def _optimize_once(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    progress: Progress,
+    run_dir: str | os.PathLike[str] | None,
+    started: float,
+    *,
+    fold_norms: bool,
+    fold_skip: Mapping[str, str],
+    precision: str | None,
+    arch: str,
+    candidates: int,
+    cuda_graphs: bool,
+    use_cache: bool,
+    require_faster: bool,
+    implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None,
+) -> tuple[OptimizedModule | None, dict[str, str]]:
+    """One pass of optimize (from `started`), with LayerNorm folds (but those in `fold_skip`,
+    which did not pay before) or without. Returns the module, or None and the folds it made
+    that do not pay, by norm, with why."""
+    from fact import folds, rewrites
     from fact.tracer import export_module, graph_from_program, model_dtype, save_graph
 
-    progress = Progress(quiet)
     example = [example_inputs] if isinstance(example_inputs, torch.Tensor) else list(example_inputs)
     precision = precision or torch.get_float32_matmul_precision()
     device = _device_of(example)
-    started = time.perf_counter()
 
     progress(f"tracing {type(model).__name__}")
     previous = torch.get_float32_matmul_precision()
@@ -810,8 +861,14 @@ def optimize(
         exported = export_module(model, example)
         dtype = model_dtype(exported)
         tol_pattern, tol_e2e = tolerances(dtype, precision)
-        for line in layouts.rewrite(exported, dtype, precision, arch):  # before the plan
-            progress(f"layout: {line}")
+        # Before the plan. Folds only where kernels can be built or twins are given: without
+        # them nothing would run the folded GEMMs.
+        can_fold = fold_norms and (device.type == "cuda" or implementations is not None)
+        lines, fold_records = rewrites.apply(
+            exported, dtype, precision, arch, fold_norms=can_fold, fold_skip=fold_skip
+        )
+        for line in lines:
+            progress(line)
         program = Program(model, exported)
         graph = graph_from_program(
             exported, source=type(model).__name__, model=type(model).__name__
@@ -858,7 +915,7 @@ def optimize(
                 candidates=candidates,
                 realize=gpu and implementations is None,
                 progress=progress,
-                quiet=quiet,
+                quiet=progress.quiet,
             )
             if gpu and implementations is None and (run / "manifest.json").is_file():
                 from fact.tune.runs import tune_run
@@ -903,6 +960,10 @@ def optimize(
         torch.set_float32_matmul_precision(previous)
     if use_cache and implementations is None and cached is None:
         _save_decisions(decisions_path, plan, decisions)
+    dropped = folds.kept(fold_records, plan, decisions) if fold_records else {}
+    if dropped:  # planned again without these folds (optimize); its decisions stay cached
+        (run / "folds-dropped.json").write_text(json.dumps(dropped, indent=1) + "\n")
+        return None, dropped
     replaced = [d for d in decisions if d.get("impl") is not None and not d.get("fallback")]
     report = {
         "fact_optimize_report": 1,
@@ -918,6 +979,8 @@ def optimize(
         "replaced": len(replaced),
         "pytorch_nodes": [n.get("name") for n in plan.get("pytorch_nodes") or []],
         "verification": verification,
+        "folds": [folds.describe(r) for r in fold_records],
+        "folds_dropped": [f"{norm}: {why}" for norm, why in fold_skip.items()],
         "cuda_graphs": False,
         "transcript": progress.lines,
     }
@@ -935,7 +998,7 @@ def optimize(
         f"done: {len(replaced)} of {len(decisions)} patterns replaced "
         f"in {report['seconds']:.1f}s; report in {run / 'optimize.json'}"
     )
-    return opt
+    return opt, {}
 
 
 def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:

@@ -94,6 +94,17 @@ def markdown(bench: Mapping[str, Any]) -> str:
             f"{_ms(after)} | {_x(p.get('eager_us'), after)} | {_err(p.get('error'))} | "
             f"{note.replace('|', '/')} |"
         )
+    if opt.get("folds"):
+        lines += [
+            "",
+            "LayerNorms folded into the GEMMs after them: " + "; ".join(opt["folds"]) + ".",
+        ]
+    if opt.get("folds_dropped"):
+        lines += [
+            "",
+            "LayerNorm folds tried and dropped (their kernels did not all run), planned again "
+            "without: " + "; ".join(opt["folds_dropped"]) + ".",
+        ]
     nodes = opt.get("pytorch_nodes") or []
     if nodes:
         lines += ["", f"Nodes no pattern covers (they run as PyTorch ops): {', '.join(nodes)}."]
