@@ -432,11 +432,9 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
     leaf.nodes = {node};
     return ep.expr.add(leaf);
   };
-  // Side nodes first (they read no part of the region), each leaf classified against the
-  // region node that reads the side computation.
-  for (int v : side) {
+  // Node v into the expression; its leaves classified against `reader`'s output.
+  auto translate = [&](int v, const Node& reader) {
     const auto& n = g.node(v);
-    const Node& reader = g.node(side_reader(g, region, side, v));
     ep.nodes.push_back(v);
     int result = -1;
     std::string why;
@@ -447,28 +445,20 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
           return it != expr_of.end() ? it->second : operand_expr(node, reader);
         },
         ep.expr, result, why);
-    FACT_CHECK(ok, "epilogue side node '" + n.name + "' passed the dry run but failed: " + why);
+    FACT_CHECK(ok, "epilogue node '" + n.name + "' passed the dry run but failed: " + why);
     expr_of[v] = result;
-  }
+  };
+  // Side nodes first (they read no part of the region), against the region node reading them.
+  for (int v : side) translate(v, g.node(side_reader(g, region, side, v)));
   for (int v = gemm + 1; v <= sink; ++v) {
     if (!region[static_cast<size_t>(v)]) continue;
     const auto& n = g.node(v);
-    ep.nodes.push_back(v);
     if (pass_through(g, n, n_cols)) {
+      ep.nodes.push_back(v);
       expr_of[v] = expr_of.at(first_operand(n));
       continue;
     }
-    int result = -1;
-    std::string why;
-    const bool ok = node_to_expr(
-        g, n,
-        [&](int node) {
-          auto it = expr_of.find(node);
-          return it != expr_of.end() ? it->second : operand_expr(node, n);
-        },
-        ep.expr, result, why);
-    FACT_CHECK(ok, "epilogue node '" + n.name + "' passed the dry run but failed: " + why);
-    expr_of[v] = result;
+    translate(v, n);
   }
   ep.output = sink;
   ep.expr.root = expr_of.at(sink);
