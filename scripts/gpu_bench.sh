@@ -5,6 +5,8 @@
 #   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16|llama-tf32|llama-fp32|attention ...]
 #
 # -tf32 jobs run fp32 models with TF32 allowed (precision high), -fp32 jobs fp32-accurate (highest).
+# A job name ending in -nofold runs the same job with `fact bench --no-fold-norms` (LayerNorms
+# kept as kernels of their own), for the A/B of fact/folds.py: minigpt-bf16 minigpt-bf16-nofold.
 #
 # rope-bf16 and swiglu-bf16 bench the pointwise family alone: Llama's RoPE on Q and its SwiGLU
 # product, each a one-region module (bench/problems/).
@@ -34,7 +36,10 @@ for job in "$@"; do
     "$PY" bench/gemm_bench.py "$RUNS/attention" --out "$OUT/attention" 2>&1 | tee "$OUT/attention.log"
     continue
   fi
-  case $job in
+  flags=()
+  base=$job
+  if [ "${job%-nofold}" != "$job" ]; then base=${job%-nofold}; flags=(--no-fold-norms); fi
+  case $base in
     minigpt-bf16) args=(examples/minigpt_block.py --dtype bf16 --precision high) ;;
     minigpt-tf32) args=(examples/minigpt_block.py --dtype fp32 --precision high) ;;
     minigpt-fp32) args=(examples/minigpt_block.py --dtype fp32 --precision highest) ;;
@@ -45,10 +50,10 @@ for job in "$@"; do
     swiglu-bf16) args=(bench/problems/swiglu_product.py --dtype bf16 --precision high) ;;
     *) echo "unknown job $job" >&2; exit 2 ;;
   esac
-  echo "== $job: fact bench ${args[*]}"
+  echo "== $job: fact bench ${args[*]} ${flags[*]}"
   start=$(date +%s)
   mkdir -p "$OUT/$job"
-  "$PY" -m fact bench "${args[@]}" --out "$RUNS/$job" ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/$job.log"
+  "$PY" -m fact bench "${args[@]}" "${flags[@]}" --out "$RUNS/$job" ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/$job.log"
   echo "== $job: $(( $(date +%s) - start )) s wall (optimize included)" | tee -a "$OUT/$job.log"
   if [ "$RUNS" != "$OUT" ]; then
     for f in report.md report.json report.png optimize.json transcript.txt plan.json; do
