@@ -100,11 +100,20 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
     }
   }
   json pytorch = json::array();
-  for (int id : d.uncovered) pytorch.push_back({{"name", g.node(id).name}, {"op", g.node(id).target_op}});
+  const std::vector<char> on_state = discover::state_only(g);
+  for (int id : d.uncovered) {
+    json n = {{"name", g.node(id).name}, {"op", g.node(id).target_op}};
+    if (on_state[static_cast<size_t>(id)]) n["once"] = true;  // from parameters alone: hoisted
+    pytorch.push_back(n);
+  }
   json free = json::array();
   for (int id : d.free) free.push_back({{"name", g.node(id).name}, {"op", g.node(id).target_op}});
   json opaque = json::array();
-  for (int id : d.opaque) opaque.push_back({{"name", g.node(id).name}, {"op", g.node(id).target_op}});
+  for (int id : d.opaque) {
+    json n = {{"name", g.node(id).name}, {"op", g.node(id).target_op}};
+    if (on_state[static_cast<size_t>(id)]) n["once"] = true;
+    opaque.push_back(n);
+  }
   json rejected = json::array();
   for (size_t i = 0; i < d.rejected.size(); ++i) {
     const auto& c = d.rejected[i];

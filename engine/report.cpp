@@ -76,16 +76,27 @@ void print_plan(const json& plan, std::ostream& os) {
   }
   os << "\nestimated: eager " << us(s["est_eager_us"]) << " -> " << us(s["est_after_us"]) << " (saving "
      << us(s["est_saving_us"]) << ")\n";
-  const auto& py = plan["pytorch_nodes"];
-  if (!py.empty()) {
-    os << "runs in PyTorch (" << py.size() << "):";
-    for (const auto& n : py) os << " " << n["name"].get<std::string>();
+  std::vector<std::string> per_call, once;
+  for (const auto& n : plan["pytorch_nodes"]) {
+    (n.value("once", false) ? once : per_call).push_back(n["name"].get<std::string>());
+  }
+  if (!per_call.empty()) {
+    os << "runs in PyTorch (" << per_call.size() << "):";
+    for (const auto& n : per_call) os << " " << n;
+    os << "\n";
+  }
+  if (!once.empty()) {
+    os << "computed from parameters alone, once and again when they change (" << once.size() << "):";
+    for (const auto& n : once) os << " " << n;
     os << "\n";
   }
   const auto& opaque = plan["opaque_nodes"];
   if (!opaque.empty()) {
     os << "opaque ops, unknown to the catalog, kept and run in PyTorch (" << opaque.size() << "):";
-    for (const auto& n : opaque) os << " " << n["name"].get<std::string>() << " [" << n["op"].get<std::string>() << "]";
+    for (const auto& n : opaque) {
+      os << " " << n["name"].get<std::string>() << " [" << n["op"].get<std::string>()
+         << (n.value("once", false) ? ", once" : "") << "]";
+    }
     os << "\n";
   }
   const auto& reg = plan["registry"];

@@ -69,9 +69,6 @@ std::vector<int> select(const std::vector<Candidate>& cands, std::vector<int> id
 
 }  // namespace
 
-namespace {
-
-// Nodes whose values depend on parameters, buffers and constants alone (not on any input).
 std::vector<char> state_only(const Graph& g) {
   std::vector<char> s(static_cast<size_t>(g.size()), 0);
   for (const auto& n : g.nodes) {
@@ -85,6 +82,8 @@ std::vector<char> state_only(const Graph& g) {
   }
   return s;
 }
+
+namespace {
 
 constexpr const char* kStateOnly =
     "reads only parameters, buffers and constants: the composed module computes it once, and "

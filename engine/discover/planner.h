@@ -38,6 +38,10 @@ struct Discovery {
 
 Discovery discover(const ir::Graph& g, const CostModel& cost);
 
+// Per node: whether its value depends on parameters, buffers and constants alone (no input).
+// The planner proposes no pattern of such nodes; the composed module computes them once.
+std::vector<char> state_only(const ir::Graph& g);
+
 // Nodes that run a kernel or compute something (not placeholders, views or asserts).
 bool is_compute(const ir::Graph& g, int id);
 

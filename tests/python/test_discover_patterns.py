@@ -501,6 +501,13 @@ def test_cli_discover_minigpt_bf16_under_ten_seconds(engine_available):
     assert res.returncode == 0, res.stderr
     assert "attention" in res.stdout and "gelu_tanh" in res.stdout and "causal" in res.stdout
     assert elapsed < 10.0, f"fact discover took {elapsed:.1f}s"
+    # the plan fact.optimize makes: both LayerNorms folded into the GEMMs after them, their
+    # statistics patterns of their own, and the folded weights' work listed apart
+    assert "fold: layer_norm folded into linear " in res.stderr
+    assert "fold: layer_norm_1 folded into linear_2 " in res.stderr
+    assert res.stdout.count("stats") == 2 and "mul, sub, mul, bias, gelu_tanh" in res.stdout
+    assert "computed from parameters alone, once and again when they change (14):" in res.stdout
+    assert "runs in PyTorch" not in res.stdout
 
 
 def test_cli_explain_names_the_pattern_and_misses(engine_available, tmp_path):
