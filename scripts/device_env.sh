@@ -1,0 +1,20 @@
+# Source this at the top of a command run on the GPU machine (the device tool's copy of the
+# working tree, with the ignored folder .device/ carried), as bench/results/*/call*/run.sh do:
+#
+#   .device/cutlass.tgz        CUTLASS's source tree (the nvidia-cutlass wheel's), packed
+#   .device/bin/fact-engine    the engine built on the CPU machine (strip build/fact-engine)
+#
+# It unpacks CUTLASS into .gpu/cutlass, exports CUTLASS_DIR, FACT_ENGINE, FACT_CACHE_DIR,
+# FACT_REGISTRY (seeded on first use by scripts/gpu_bench.sh), PYTHON and PYTHONPATH, points OUT
+# at $OUT/r and RUNS at .gpu/runs, and packs $OUT/r into $OUT/res.tgz when the shell exits, so
+# that the results come back as one file however many there are. It also records the GPU's
+# clocks, power and temperature in $OUT/smi.txt.
+mkdir -p .gpu/cutlass && tar xzf .device/cutlass.tgz -C .gpu/cutlass
+export CUTLASS_DIR=$PWD/.gpu/cutlass FACT_ENGINE=$PWD/.device/bin/fact-engine \
+  FACT_CACHE_DIR=$PWD/.gpu/cache FACT_REGISTRY=$PWD/.gpu/registry.db PYTHON=python3 \
+  PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 RUNS=$PWD/.gpu/runs
+FACT_DEVICE_OUT=$OUT
+mkdir -p "$FACT_DEVICE_OUT/r"
+trap 'cd "$FACT_DEVICE_OUT" && tar czf res.tgz r && rm -rf r' EXIT
+export OUT=$FACT_DEVICE_OUT/r
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv > "$OUT/smi.txt"
