@@ -100,7 +100,7 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
     }
   }
   json pytorch = json::array();
-  const std::vector<char> on_state = discover::state_only(g);
+  const std::vector<char>& on_state = d.state_only;
   for (int id : d.uncovered) {
     json n = {{"name", g.node(id).name}, {"op", g.node(id).target_op}};
     if (on_state[static_cast<size_t>(id)]) n["once"] = true;  // from parameters alone: hoisted

@@ -67,8 +67,7 @@ std::vector<int> select(const std::vector<Candidate>& cands, std::vector<int> id
   return best;
 }
 
-}  // namespace
-
+// Nodes whose values depend on parameters, buffers and constants alone (not on any input).
 std::vector<char> state_only(const Graph& g) {
   std::vector<char> s(static_cast<size_t>(g.size()), 0);
   for (const auto& n : g.nodes) {
@@ -83,8 +82,6 @@ std::vector<char> state_only(const Graph& g) {
   return s;
 }
 
-namespace {
-
 constexpr const char* kStateOnly =
     "reads only parameters, buffers and constants: the composed module computes it once, and "
     "again when they change, not on every call";
@@ -97,7 +94,8 @@ bool all_state_only(const std::vector<char>& s, const Match& m) {
 
 Discovery discover(const Graph& g, const CostModel& cost) {
   Discovery d;
-  const std::vector<char> on_state = state_only(g);
+  d.state_only = state_only(g);
+  const std::vector<char>& on_state = d.state_only;
   std::vector<Candidate> cands;
   for (const auto& rule : catalog()) {
     for (const auto& n : g.nodes) {

@@ -32,15 +32,14 @@ struct Discovery {
   std::vector<int> uncovered;            // compute nodes no chosen pattern covers: PyTorch runs them
   std::vector<int> free;                 // uncovered views, identities and asserts: no kernel at all
   std::vector<int> opaque;               // nodes the vocabulary does not know
+  // Per node: its value depends on parameters, buffers and constants alone (no input). The
+  // planner proposes no pattern of such nodes; the composed module computes them once.
+  std::vector<char> state_only;
   Cost total_unfused;                    // the whole graph, eager
   double total_saving_s = 0;
 };
 
 Discovery discover(const ir::Graph& g, const CostModel& cost);
-
-// Per node: whether its value depends on parameters, buffers and constants alone (no input).
-// The planner proposes no pattern of such nodes; the composed module computes them once.
-std::vector<char> state_only(const ir::Graph& g);
 
 // Nodes that run a kernel or compute something (not placeholders, views or asserts).
 bool is_compute(const ir::Graph& g, int id);

@@ -43,7 +43,7 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind
 
-from fact.fx_build import NodeBuilder, fake_mode_of, take_name, value_of
+from fact.fx_build import NodeBuilder, arg_of, fake_mode_of, take_name, value_of
 
 aten = torch.ops.aten
 
@@ -74,17 +74,13 @@ def _state(node: Any, state: set[str]) -> bool:
     return isinstance(node, fx.Node) and node.op == "placeholder" and node.name in state
 
 
-def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
-    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
-
-
 def _match(ln: fx.Node, state: set[str], outputs: set[fx.Node]) -> dict[str, Any] | None:
     """The LayerNorm `ln` and the linears reading it, when every reader is a foldable linear."""
     if ln.target is not aten.layer_norm.default or ln in outputs or not ln.users:
         return None
-    x, shape = ln.args[0], _arg(ln, 1, "normalized_shape")
-    gamma, beta = _arg(ln, 2, "weight"), _arg(ln, 3, "bias")
-    eps = float(_arg(ln, 4, "eps", 1e-5))
+    x, shape = ln.args[0], arg_of(ln, 1, "normalized_shape")
+    gamma, beta = arg_of(ln, 2, "weight"), arg_of(ln, 3, "bias")
+    eps = float(arg_of(ln, 4, "eps", 1e-5))
     xv = value_of(x)
     if not isinstance(xv, torch.Tensor) or xv.dtype not in _DTYPES or xv.dim() < 2:
         return None

@@ -14,6 +14,13 @@ def value_of(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, fx.Node) else node
 
 
+def arg_of(node: fx.Node, index: int, name: str, default: Any = None) -> Any:
+    """An argument of a call node, given by position or by name."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
 def fake_mode_of(gm: fx.GraphModule) -> Any:
     """The FakeTensorMode the graph's values were traced in (None without any)."""
     from torch._guards import detect_fake_mode

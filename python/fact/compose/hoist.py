@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-_RANDOM = ("rand", "randn", "rand_like", "randn_like", "randint", "bernoulli", "multinomial")
+from fact.compose.program import is_random_op
 
 
 def _is_alias(n: fx.Node) -> bool:
@@ -41,9 +41,10 @@ def _is_alias(n: fx.Node) -> bool:
 
 
 def _is_random(n: fx.Node) -> bool:
-    if not isinstance(n.target, torch._ops.OpOverload):
-        return False
-    return n.target.name().split("::")[-1].split(".")[0] in _RANDOM or "dropout" in str(n.target)
+    """Random, or a dropout (kept per call whatever its mode)."""
+    return is_random_op(n.target) or (
+        isinstance(n.target, torch._ops.OpOverload) and "dropout" in str(n.target)
+    )
 
 
 def _pure_call(n: fx.Node) -> bool:
@@ -102,35 +103,26 @@ class Hoist:
         if not hoisted:
             self.prologue, self.main, self.reads = None, gm, []
             return
-        self.prologue = self._prologue(gm, state, hoisted)
-        self.main = self._main(gm, state, hoisted)
-        used = set()
-        for n in hoisted:
-            stack = [n]
-            while stack:
-                m = stack.pop()
-                if m in used:
-                    continue
-                used.add(m)
-                stack.extend(m.all_input_nodes)
-        self.reads = [i for i, p in enumerate(state) if p in used]  # state the prologue reads
-
-    @staticmethod
-    def _prologue(
-        gm: fx.GraphModule, state: list[fx.Node], hoisted: list[fx.Node]
-    ) -> fx.GraphModule:
-        graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
-        for p in state:
-            env[p] = graph.placeholder(p.name)
-            env[p].meta.update(p.meta)
-        needed: set[fx.Node] = set()
+        needed: set[fx.Node] = set()  # the hoisted values and everything they are made of
         stack = list(hoisted)
         while stack:
             m = stack.pop()
             if m not in needed:
                 needed.add(m)
                 stack.extend(m.all_input_nodes)
+        self.prologue = self._prologue(gm, state, hoisted, needed)
+        self.main = self._main(gm, state, hoisted)
+        self.reads = [i for i, p in enumerate(state) if p in needed]  # state the prologue reads
+
+    @staticmethod
+    def _prologue(
+        gm: fx.GraphModule, state: list[fx.Node], hoisted: list[fx.Node], needed: set[fx.Node]
+    ) -> fx.GraphModule:
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+        for p in state:
+            env[p] = graph.placeholder(p.name)
+            env[p].meta.update(p.meta)
         for n in gm.graph.nodes:
             if n in needed and n.op != "placeholder":
                 env[n] = graph.node_copy(n, lambda a: env[a])

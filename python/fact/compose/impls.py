@@ -41,6 +41,7 @@ from fact.compose.ops import (
 )
 from fact.compose.program import Region
 from fact.errors import FactError
+from fact.fx_build import arg_of
 from fact.tune.abi import FACT_POINTWISE_MAX_INPUTS, FACT_POINTWISE_MAX_RANK
 from fact.tune.reference import GemmSpec, NotSupportedError, gemm_spec, parse_type, torch_dtype
 
@@ -272,7 +273,7 @@ class HorizontalGemmImpl(GemmImpl):
         for node, w, bias in zip(reg.outputs, weights, biases, strict=True):
             if node.target not in _LINEAR:
                 raise NotSupportedError(f"part {node.name} is {node.target}, not a linear layer")
-            got = (_arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias"))
+            got = (arg_of(node, 0, "input"), arg_of(node, 1, "weight"), arg_of(node, 2, "bias"))
             if got != (a, w, bias):
                 names = [getattr(n, "name", n) for n in got]
                 raise FactError(
@@ -400,13 +401,6 @@ def _is_eval_dropout(n: fx.Node) -> bool:
     return p == 0 or train is False
 
 
-def _arg(n: fx.Node, index: int, name: str, default: Any = None) -> Any:
-    """An argument of a call node, given by position or by name."""
-    if len(n.args) > index:
-        return n.args[index]
-    return n.kwargs.get(name, default)
-
-
 def _shape(n: Any) -> tuple[int, ...] | None:
     val = n.meta.get("val") if isinstance(n, fx.Node) else None
     return tuple(val.shape) if isinstance(val, torch.Tensor) else None
@@ -445,7 +439,7 @@ def _unrepeated(reg: Region, kv: fx.Node) -> fx.Node:
     src: Any = None
     if node.target is aten.repeat_interleave.self_int:
         src = node.args[0]
-        dim = _arg(node, 2, "dim")
+        dim = arg_of(node, 2, "dim")
         if not isinstance(dim, int) or _dims(node, dim) != {1}:
             return kv
     elif node.target in _RESHAPES:
@@ -523,10 +517,10 @@ def attention_io(
             raise NotSupportedError(f"attention with {len(calls)} scaled_dot_product_attention")
         (node,) = calls
         q, k, v = node.args[:3]
-        p = _arg(node, 4, "dropout_p", 0.0)
+        p = arg_of(node, 4, "dropout_p", 0.0)
         if p:
             raise NotSupportedError(f"{node.name} has dropout_p={p} (training mode)")
-        if _arg(node, 3, "attn_mask") is not None and not attrs.get("causal"):
+        if arg_of(node, 3, "attn_mask") is not None and not attrs.get("causal"):
             raise NotSupportedError(f"{node.name} has an attn_mask that is not a causal mask")
         gqa = bool(node.kwargs.get("enable_gqa", False))
         qs, ks = _shape(q), _shape(k)

@@ -345,6 +345,27 @@ def _norm_reference(entry: NormKernel, x, weight, bias) -> torch.Tensor:
     return y.to(entry.out_dtype)
 
 
+def _norm_args(entry: NormKernel, x: torch.Tensor) -> tuple[torch.Tensor, FactNormArgs]:
+    """x as rows of `entry.cols` (a copy only when its last dim is strided) and the kernel's
+    arguments for them; the caller fills in what it writes."""
+    x2 = x.reshape(-1, entry.cols)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    args = FactNormArgs()
+    args.rows, args.cols = x2.shape[0], entry.cols
+    args.x, args.ldx, args.eps = x2.data_ptr(), x2.stride(0), entry.eps
+    return x2, args
+
+
+def _run_norm(entry: NormKernel, op: str, args: FactNormArgs, device: torch.device) -> None:
+    lib = entry.library
+    status = lib.norm_can_implement(args)
+    if status != Status.OK:
+        raise FactError(f"{op} {entry.label}: {lib.last_error()}")
+    with device_guard(device):
+        lib.check(lib.norm_run(args, torch.cuda.current_stream(device).cuda_stream))
+
+
 def _norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, kernel: int
 ) -> torch.Tensor:
@@ -360,21 +381,12 @@ def _norm(
         entry.label,
         [("x", x, wanted)] + [(n, t, torch_dtype(w_dtype)) for n, t in weights],
     )
-    x2 = x.reshape(-1, entry.cols)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2, args = _norm_args(entry, x)
     out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
-    args = FactNormArgs()
-    args.rows, args.cols = x2.shape[0], entry.cols
-    args.x, args.ldx = x2.data_ptr(), x2.stride(0)
     args.weight = weight.contiguous().data_ptr() if weight is not None else None
     args.bias = bias.contiguous().data_ptr() if bias is not None else None
-    args.out, args.ldout, args.eps = out.data_ptr(), entry.cols, entry.eps
-    status = lib.norm_can_implement(args)
-    if status != Status.OK:
-        raise FactError(f"fact::norm {entry.label}: {lib.last_error()}")
-    with device_guard(x.device):
-        lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
+    args.out, args.ldout = out.data_ptr(), entry.cols
+    _run_norm(entry, "fact::norm", args, x.device)
     return out
 
 
@@ -394,22 +406,12 @@ def _norm_stats(x: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tenso
     if entry.backend == "reference":
         var, mean = torch.var_mean(x.float(), dim=-1, correction=0, keepdim=True)
         return mean, torch.rsqrt(var + entry.eps)
-    lib = entry.library
-    _check_dtypes(entry.label, [("x", x, torch_dtype(lib.info.get("dtype_in", "f32")))])
-    x2 = x.reshape(-1, entry.cols)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    _check_dtypes(entry.label, [("x", x, torch_dtype(entry.library.info.get("dtype_in", "f32")))])
+    x2, args = _norm_args(entry, x)
     mean = torch.empty(stat_shape, dtype=torch.float32, device=x.device)
     rstd = torch.empty(stat_shape, dtype=torch.float32, device=x.device)
-    args = FactNormArgs()
-    args.rows, args.cols = x2.shape[0], entry.cols
-    args.x, args.ldx = x2.data_ptr(), x2.stride(0)
-    args.out, args.ldout, args.rstd, args.eps = mean.data_ptr(), 1, rstd.data_ptr(), entry.eps
-    status = lib.norm_can_implement(args)
-    if status != Status.OK:
-        raise FactError(f"fact::norm_stats {entry.label}: {lib.last_error()}")
-    with device_guard(x.device):
-        lib.check(lib.norm_run(args, torch.cuda.current_stream(x.device).cuda_stream))
+    args.out, args.ldout, args.rstd = mean.data_ptr(), 1, rstd.data_ptr()
+    _run_norm(entry, "fact::norm_stats", args, x.device)
     return mean, rstd
 
 

@@ -796,7 +796,8 @@ def optimize(
     implementations to consider (tests use PyTorch twins of the kernels on CPU).
 
     fold_norms: fold LayerNorms into the GEMMs after them (fact.folds) where FACT's kernels can
-    run them; when a fold's kernels are not chosen, the module is planned again without folds.
+    run them; when a fold's kernels are not chosen, the module is planned again without that
+    fold (and any other that failed).
     """
     progress = Progress(quiet)
     options = {

@@ -24,6 +24,26 @@ from torch.utils import _pytree as pytree
 
 from fact.errors import FactError
 
+#: ATen ops whose value is random, by base name (Program refuses them; compose/hoist keeps them
+#: per call)
+RANDOM_OPS = (
+    "native_dropout",
+    "bernoulli",
+    "rand",
+    "randn",
+    "rand_like",
+    "randn_like",
+    "randint",
+    "multinomial",
+)
+
+
+def is_random_op(target: Any) -> bool:
+    """Whether a call target is one of RANDOM_OPS."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return target.name().split("::")[-1].split(".")[0] in RANDOM_OPS
+
 
 class Program:
     """torch.export's flat graph of `model`, runnable on the model's live state."""
@@ -110,18 +130,7 @@ class Program:
                 p = n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0)
                 if p:
                     found.append(n.name)
-            elif isinstance(n.target, torch._ops.OpOverload) and n.target.name().split("::")[
-                -1
-            ].split(".")[0] in (
-                "native_dropout",
-                "bernoulli",
-                "rand",
-                "randn",
-                "rand_like",
-                "randn_like",
-                "randint",
-                "multinomial",
-            ):
+            elif is_random_op(n.target):
                 found.append(n.name)
         return found
 
