@@ -5,8 +5,9 @@
 #   scripts/gpu_bench.sh [minigpt-bf16|minigpt-tf32|minigpt-fp32|llama-bf16|llama-tf32|llama-fp32|attention ...]
 #
 # -tf32 jobs run fp32 models with TF32 allowed (precision high), -fp32 jobs fp32-accurate (highest).
-# A job name ending in -nofold runs the same job with `fact bench --no-fold-norms` (LayerNorms
-# kept as kernels of their own), for the A/B of fact/folds.py: minigpt-bf16 minigpt-bf16-nofold.
+# A job name ending in -fold runs the same job with `fact bench --fold-norms` (LayerNorms folded
+# into the GEMMs after them, off by default), for the A/B of fact/folds.py: minigpt-bf16
+# minigpt-bf16-fold.
 #
 # rope-bf16 and swiglu-bf16 bench the pointwise family alone: Llama's RoPE on Q and its SwiGLU
 # product, each a one-region module (bench/problems/).
@@ -38,7 +39,7 @@ for job in "$@"; do
   fi
   flags=()
   base=$job
-  if [ "${job%-nofold}" != "$job" ]; then base=${job%-nofold}; flags=(--no-fold-norms); fi
+  if [ "${job%-fold}" != "$job" ]; then base=${job%-fold}; flags=(--fold-norms); fi
   case $base in
     minigpt-bf16) args=(examples/minigpt_block.py --dtype bf16 --precision high) ;;
     minigpt-tf32) args=(examples/minigpt_block.py --dtype fp32 --precision high) ;;

@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_dtype(discover)
     discover.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_arch(discover)
+    _add_fold(discover)
     discover.add_argument("--gpu", metavar="NAME", help="target GPU (h200, h100, a100)")
     discover.add_argument(
         "--save-graph", metavar="PATH", type=Path, help="also keep the traced graph at PATH"
@@ -83,12 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--reps", type=int, default=30, help="timed repetitions per module")
     bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     bench.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graph replay")
-    bench.add_argument(
-        "--no-fold-norms",
-        action="store_true",
-        help="keep LayerNorms as kernels of their own (default: fold them into the GEMMs after "
-        "them where FACT's kernels run both)",
-    )
+    _add_fold(bench)
     bench.add_argument("--profile", action="store_true", help="add a per-kernel time profile")
     bench.add_argument("-q", "--quiet", action="store_true", help="only the final table")
     bench.set_defaults(run=_bench)
@@ -102,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--node", required=True, metavar="NAME", help="the node's name")
     _add_dtype(explain)
     _add_arch(explain)
+    _add_fold(explain)
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
     explain.set_defaults(run=_explain)
 
@@ -136,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
         help="parallel compiles (default: all at once up to 1.5x the cores, else one a core)",
     )
     realize.add_argument("--cutlass-dir", metavar="DIR", help="CUTLASS source tree")
+    _add_fold(realize)
     realize.add_argument("--json", action="store_true", help="print the manifest as JSON")
     realize.set_defaults(run=_realize, save_graph=None)
 
@@ -189,6 +187,7 @@ def _parser() -> argparse.ArgumentParser:
         "LayerNorm folds (default: none, the graph as exported; discover, explain and realize "
         "of a problem file apply those of their target, sm90 unless --arch says otherwise)",
     )
+    _add_fold(trace)
     trace.add_argument(
         "-o", "--output", required=True, type=Path, metavar="GRAPH.json", help="graph file to write"
     )
@@ -218,6 +217,15 @@ def _add_dtype(parser: argparse.ArgumentParser) -> None:
 
 def _add_arch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", choices=ARCH_CHOICES, help="target architecture (default sm90)")
+
+
+def _add_fold(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fold-norms",
+        action="store_true",
+        help="fold LayerNorms into the GEMMs after them (fact.folds; off by default: on the H200 "
+        "they measured no faster, see bench/README.md)",
+    )
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -250,7 +258,7 @@ def _bench(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         command="fact " + " ".join(sys.argv[1:]),
         profile=args.profile,
-        fold_norms=not args.no_fold_norms,
+        fold_norms=args.fold_norms,
     )
     print(summary_table(bench))
     print(f"report: {out / 'report.md'}")
@@ -320,7 +328,11 @@ def find_cutlass(hint: str | None) -> str:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    _trace_problem(args.problem, args.dtype, args.output, args.precision, args.arch)
+    if args.fold_norms and args.arch is None:
+        raise FactError("--fold-norms is one of the rewrites for a target: give --arch too")
+    _trace_problem(
+        args.problem, args.dtype, args.output, args.precision, args.arch, args.fold_norms
+    )
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
@@ -341,8 +353,14 @@ def _engine_command(
         )
     find_engine()  # fail before a long trace, not after
     arch = getattr(args, "arch", None) or "sm90"  # realize has no --arch: it builds for sm90
+    fold = bool(getattr(args, "fold_norms", False))
+    if is_graph and fold:
+        raise FactError(
+            f"--fold-norms applies to problem files; {args.target} was rewritten (or not) when it "
+            "was traced (trace the problem file again with --arch and --fold-norms)"
+        )
     with _graph_file(
-        args.target, is_graph, args.dtype, save_to, args.precision, arch
+        args.target, is_graph, args.dtype, save_to, args.precision, arch, fold
     ) as graph_path:
         json_flag = ["--json"] if args.json else []
         done = run_engine(
@@ -383,18 +401,19 @@ def _graph_file(
     save_to: Path | None,
     precision: str | None = None,
     arch: str | None = None,
+    fold_norms: bool = False,
 ) -> Iterator[Path]:
     """Yield a graph file for target: the .json itself, or a fresh trace of the .py (with the
     rewrites for `arch`)."""
     if is_graph:
         yield Path(target)
     elif save_to is not None:
-        _trace_problem(target, dtype, save_to, precision, arch)
+        _trace_problem(target, dtype, save_to, precision, arch, fold_norms)
         yield save_to
     else:
         with tempfile.TemporaryDirectory(prefix="fact-") as folder:
             graph_path = Path(folder) / (Path(target).stem + ".json")
-            _trace_problem(target, dtype, graph_path, precision, arch)
+            _trace_problem(target, dtype, graph_path, precision, arch, fold_norms)
             yield graph_path
 
 
@@ -404,9 +423,11 @@ def _trace_problem(
     output: Path,
     precision: str | None = None,
     arch: str | None = None,
+    fold_norms: bool = False,
 ) -> None:
     """Load, trace and save a problem file, with progress on stderr. With `arch`, the program
-    gets the rewrites fact.optimize gives it for that target (tracer.trace)."""
+    gets the rewrites fact.optimize gives it for that target (tracer.trace), LayerNorm folds
+    only with `fold_norms`."""
     import torch  # loads only when needed
 
     from fact.problem import check_problem_path, load_problem
@@ -428,6 +449,7 @@ def _trace_problem(
             loaded.inputs,
             source=str(problem),
             arch=arch,
+            fold_norms=fold_norms,
             on_rewrite=lambda line: print(line, file=sys.stderr, flush=True),
         )
     finally:

@@ -19,11 +19,11 @@ def apply(
     precision: str,
     arch: str,
     *,
-    fold_norms: bool = True,
+    fold_norms: bool = False,
     fold_skip: Collection[str] = (),
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    """Rewrite `program` in place for a `dtype` model under `precision` on `arch` (without
-    LayerNorm folds when not `fold_norms`, and none of the norms in `fold_skip`). Returns a
+    """Rewrite `program` in place for a `dtype` model under `precision` on `arch` (with
+    LayerNorm folds only when `fold_norms`, and none of the norms in `fold_skip`). Returns a
     line per rewrite ("layout: ...", "fold: ..."), and the folds' records (folds.fold_norms)
     for the check that they pay."""
     lines = [f"layout: {line}" for line in layouts.rewrite(program, dtype, precision, arch)]

@@ -85,6 +85,7 @@ def trace(
     source: str | None = None,
     dynamic_shapes: Any = None,
     arch: str | None = None,
+    fold_norms: bool = False,
     on_rewrite: Callable[[str], None] | None = None,
 ) -> dict:
     """Export `module` on `example_inputs` and return its FACT graph as a JSON-ready dict.
@@ -94,9 +95,9 @@ def trace(
     the module's class. `dynamic_shapes` is passed to torch.export; symbolic dims come out as
     strings such as "s0". With `arch`, the program first gets the rewrites that
     `fact.optimize` gives it for that target under torch's float32 matmul precision
-    (fact.rewrites.apply: layouts and LayerNorm folds; `on_rewrite` is called with a line for
-    each), so that the graph is
-    the one optimize plans; without, it is the graph as exported. Raises `TraceError` when
+    (fact.rewrites.apply: layouts, and LayerNorm folds with `fold_norms`; `on_rewrite` is
+    called with a line for each), so that the graph is the one optimize plans; without, it is
+    the graph as exported. Raises `TraceError` when
     torch.export cannot capture the model.
     """
     program = export_module(
@@ -106,7 +107,9 @@ def trace(
         from fact import rewrites
 
         precision = torch.get_float32_matmul_precision()
-        lines, _ = rewrites.apply(program, model_dtype(program), precision, arch)
+        lines, _ = rewrites.apply(
+            program, model_dtype(program), precision, arch, fold_norms=fold_norms
+        )
         for line in lines:
             if on_rewrite is not None:
                 on_rewrite(line)

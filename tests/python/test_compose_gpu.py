@@ -280,7 +280,7 @@ def test_layer_norm_folded_into_the_gemm_runs_generated_kernels(tmp_path, dtype,
     x = torch.randn(8, 1024, 768, device="cuda", dtype=dtype) * 2 + 0.5
     opt = fact.optimize(
         model, [x], candidates=2, run_dir=tmp_path / "run", quiet=True, require_faster=False,
-        precision=precision, use_cache=False,
+        precision=precision, use_cache=False, fold_norms=True,
     )  # fmt: skip
     assert opt.report["folds"] and opt.report["folds_dropped"] == [], opt.report
     stats = [p for p in opt.report["patterns"] if "norm[stats]" in (p.get("signature") or "")]

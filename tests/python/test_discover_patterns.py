@@ -501,13 +501,32 @@ def test_cli_discover_minigpt_bf16_under_ten_seconds(engine_available):
     assert res.returncode == 0, res.stderr
     assert "attention" in res.stdout and "gelu_tanh" in res.stdout and "causal" in res.stdout
     assert elapsed < 10.0, f"fact discover took {elapsed:.1f}s"
-    # the plan fact.optimize makes: both LayerNorms folded into the GEMMs after them, their
-    # statistics patterns of their own, and the folded weights' work listed apart
+    # the plan fact.optimize makes: LayerNorms are norms of their own (folds are asked for)
+    assert "fold:" not in res.stderr and "computed from parameters alone" not in res.stdout
+    assert res.stdout.count("weight, bias") == 2 and "bias, gelu_tanh" in res.stdout
+    assert "runs in PyTorch" not in res.stdout
+
+
+def test_cli_discover_fold_norms_shows_the_folded_plan(engine_available):
+    res = run_fact("discover", "examples/minigpt_block.py", "--dtype", "bf16", "--fold-norms")
+    assert res.returncode == 0, res.stderr
+    # both LayerNorms folded into the GEMMs after them, their statistics patterns of their own,
+    # and the folded weights' work listed apart
     assert "fold: layer_norm folded into linear " in res.stderr
     assert "fold: layer_norm_1 folded into linear_2 " in res.stderr
     assert res.stdout.count("stats") == 2 and "mul, sub, mul, bias, gelu_tanh" in res.stdout
     assert "computed from parameters alone, once and again when they change (14):" in res.stdout
     assert "runs in PyTorch" not in res.stdout
+
+
+def test_cli_fold_norms_needs_a_problem_file_and_a_target(tmp_path):
+    graph = tmp_path / "g.json"
+    graph.write_text("{}")
+    res = run_fact("discover", str(graph), "--fold-norms")
+    assert res.returncode == 2
+    assert f"--fold-norms applies to problem files; {graph} was rewritten" in res.stderr
+    res = run_fact("trace", "examples/minigpt_block.py", "--fold-norms", "-o", str(graph))
+    assert res.returncode == 2 and "give --arch too" in res.stderr
 
 
 def test_cli_explain_names_the_pattern_and_misses(engine_available, tmp_path):

@@ -13,6 +13,7 @@ from torch import nn
 
 import fact
 from fact import folds
+from fact.compose import report
 from fact.compose.impls import GemmImpl, NormImpl, run_gemm_pattern
 from fact.tracer import export_module
 
@@ -185,7 +186,9 @@ def test_only_the_folds_that_do_not_pay_are_dropped(engine_available, tmp_path):
 
     torch.manual_seed(5)
     model, x = StackedNorms().eval(), torch.randn(2, 8, 64)
-    opt = fact.optimize(model, [x], implementations=twins, require_faster=False, run_dir=tmp_path)
+    opt = fact.optimize(
+        model, [x], implementations=twins, require_faster=False, run_dir=tmp_path, fold_norms=True
+    )
     assert [d.split(":")[0] for d in opt.report["folds_dropped"]] == ["layer_norm"]
     assert len(opt.report["folds"]) == 1 and opt.report["folds"][0].startswith("layer_norm_1 ")
     fresh = torch.randn(2, 8, 64)
@@ -197,8 +200,9 @@ def test_optimize_keeps_a_fold_whose_kernels_run(engine_available, tmp_path):
     torch.manual_seed(1)
     model, x = PreNormMlp().eval(), torch.randn(4, 16, 64)
     opt = fact.optimize(
-        model, [x], implementations=twins_with_stats, require_faster=False, run_dir=tmp_path / "r"
-    )
+        model, [x], implementations=twins_with_stats, require_faster=False,
+        run_dir=tmp_path / "r", fold_norms=True,
+    )  # fmt: skip
     assert opt.report["folds"] and opt.report["folds_dropped"] == []
     gm = opt.graph_module
     assert torch.ops.fact.norm_stats.default in targets(gm)
@@ -225,7 +229,9 @@ def test_optimize_plans_again_without_a_fold_whose_kernels_do_not_run(engine_ava
     run = tmp_path / "r"
     run.mkdir()
     (run / "notes.txt").write_text("mine")
-    opt = fact.optimize(model, [x], implementations=gemm_twins, require_faster=False, run_dir=run)
+    opt = fact.optimize(
+        model, [x], implementations=gemm_twins, require_faster=False, run_dir=run, fold_norms=True
+    )
     (line,) = opt.report["folds_dropped"]
     assert line.startswith("layer_norm: ") and "row statistics run in PyTorch" in line
     assert not opt.report["folds"]
@@ -239,6 +245,22 @@ def test_optimize_plans_again_without_a_fold_whose_kernels_do_not_run(engine_ava
     assert any(
         "planning again without the folds of layer_norm" in t for t in opt.report["transcript"]
     )
+    md = report.markdown({"results": [], "optimize": opt.report})
+    dropped = "LayerNorm folds tried and dropped (their kernels did not all run), planned again"
+    assert f"{dropped} without: {line}." in md
     y = torch.randn_like(x)
     with torch.no_grad():
         assert rel_err(opt(y), model(y)) < 1e-5
+
+
+def test_optimize_folds_nothing_unless_asked(engine_available, tmp_path):
+    """Folds are off by default (they measured no faster on the H200): with kernels for the
+    statistics available, the LayerNorm still runs as a norm and the report lists no fold."""
+    torch.manual_seed(4)
+    model, x = PreNormMlp().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(
+        model, [x], implementations=twins_with_stats, require_faster=False, run_dir=tmp_path
+    )
+    assert opt.report["folds"] == [] and opt.report["folds_dropped"] == []
+    assert torch.ops.fact.norm_stats.default not in targets(opt.graph_module)
+    assert not any(t.startswith("fold: ") for t in opt.report["transcript"])

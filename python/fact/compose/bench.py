@@ -304,7 +304,7 @@ def run_bench(
     quiet: bool = False,
     command: str = "",
     profile: bool = False,
-    fold_norms: bool = True,
+    fold_norms: bool = False,
 ) -> dict[str, Any]:
     from fact.problem import load_problem
     from fact.tune.harness import environment

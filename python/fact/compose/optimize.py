@@ -785,7 +785,7 @@ def optimize(
     use_cache: bool = True,
     require_faster: bool = True,
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None = None,
-    fold_norms: bool = True,
+    fold_norms: bool = False,
 ) -> OptimizedModule:
     """Return a module computing `model`'s function with FACT's kernels where they verify and
     win, PyTorch everywhere else. See the module docstring for the steps.
@@ -797,7 +797,8 @@ def optimize(
 
     fold_norms: fold LayerNorms into the GEMMs after them (fact.folds) where FACT's kernels can
     run them; when a fold's kernels are not chosen, the module is planned again without that
-    fold (and any other that failed).
+    fold (and any other that failed). Off by default: on the H200 the folded MiniGPT block
+    measured no faster in bf16 or fp32 `highest` (bench/README.md, nineteenth session).
     """
     progress = Progress(quiet)
     options = {
