@@ -183,9 +183,10 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument(
         "--arch",
         choices=ARCH_CHOICES,
-        help="apply the rewrites fact.optimize applies for this architecture: layouts and "
-        "LayerNorm folds (default: none, the graph as exported; discover, explain and realize "
-        "of a problem file apply those of their target, sm90 unless --arch says otherwise)",
+        help="apply the rewrites fact.optimize applies for this architecture: layouts, and "
+        "LayerNorm folds with --fold-norms (default: none, the graph as exported; discover, "
+        "explain and realize of a problem file apply those of their target, sm90 unless --arch "
+        "says otherwise)",
     )
     _add_fold(trace)
     trace.add_argument(
