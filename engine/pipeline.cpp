@@ -99,21 +99,19 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
       }
     }
   }
-  json pytorch = json::array();
-  const std::vector<char>& on_state = d.state_only;
-  for (int id : d.uncovered) {
-    json n = {{"name", g.node(id).name}, {"op", g.node(id).target_op}};
-    if (on_state[static_cast<size_t>(id)]) n["once"] = true;  // from parameters alone: hoisted
-    pytorch.push_back(n);
-  }
-  json free = json::array();
-  for (int id : d.free) free.push_back({{"name", g.node(id).name}, {"op", g.node(id).target_op}});
-  json opaque = json::array();
-  for (int id : d.opaque) {
-    json n = {{"name", g.node(id).name}, {"op", g.node(id).target_op}};
-    if (on_state[static_cast<size_t>(id)]) n["once"] = true;
-    opaque.push_back(n);
-  }
+  // Nodes by name and op; `once` marks those computed from parameters alone (hoisted).
+  auto node_list = [&](const std::vector<int>& ids, bool mark_once) {
+    json list = json::array();
+    for (int id : ids) {
+      json n = {{"name", g.node(id).name}, {"op", g.node(id).target_op}};
+      if (mark_once && d.state_only[static_cast<size_t>(id)]) n["once"] = true;
+      list.push_back(n);
+    }
+    return list;
+  };
+  const json pytorch = node_list(d.uncovered, true);
+  const json free = node_list(d.free, false);
+  const json opaque = node_list(d.opaque, true);
   json rejected = json::array();
   for (size_t i = 0; i < d.rejected.size(); ++i) {
     const auto& c = d.rejected[i];

@@ -90,6 +90,14 @@ bool all_state_only(const std::vector<char>& s, const Match& m) {
   return std::all_of(m.nodes.begin(), m.nodes.end(), [&](int id) { return s[static_cast<size_t>(id)] != 0; });
 }
 
+// Why candidate `c` is not worth a kernel, or null when it is: work on state alone, or no
+// estimated saving (below zero; with `strict`, zero too).
+const char* not_worth(const Candidate& c, const std::vector<char>& on_state, bool strict) {
+  if (all_state_only(on_state, c.match)) return kStateOnly;
+  if (strict ? c.saving_s() <= 0 : c.saving_s() < 0) return "estimated slower fused than as separate PyTorch ops";
+  return nullptr;
+}
+
 }  // namespace
 
 Discovery discover(const Graph& g, const CostModel& cost) {
@@ -122,14 +130,9 @@ Discovery discover(const Graph& g, const CostModel& cost) {
   std::vector<int> viable;
   for (size_t i = 0; i < cands.size(); ++i) {
     if (dropped[i]) continue;
-    if (all_state_only(on_state, cands[i].match)) {
+    if (const char* why = not_worth(cands[i], on_state, false)) {
       d.rejected.push_back(cands[i]);
-      d.rejected_why.push_back(kStateOnly);
-      continue;
-    }
-    if (cands[i].saving_s() < 0) {
-      d.rejected.push_back(cands[i]);
-      d.rejected_why.push_back("estimated slower fused than as separate PyTorch ops");
+      d.rejected_why.push_back(why);
       continue;
     }
     viable.push_back(static_cast<int>(i));
@@ -176,14 +179,9 @@ Discovery discover(const Graph& g, const CostModel& cost) {
     Candidate c{std::move(m), {}, {}};
     c.unfused = cost.unfused(g, c.match.nodes);
     c.fused = cost.fused(g, c.match);
-    if (all_state_only(on_state, c.match)) {
+    if (const char* why = not_worth(c, on_state, true)) {
       d.rejected.push_back(c);
-      d.rejected_why.push_back(kStateOnly);
-      continue;
-    }
-    if (c.saving_s() <= 0) {
-      d.rejected.push_back(c);
-      d.rejected_why.push_back("estimated slower fused than as separate PyTorch ops");
+      d.rejected_why.push_back(why);
       continue;
     }
     for (int id : c.match.nodes) covered[static_cast<size_t>(id)] = 1;

@@ -97,8 +97,7 @@ def trace(
     `fact.optimize` gives it for that target under torch's float32 matmul precision
     (fact.rewrites.apply: layouts, and LayerNorm folds with `fold_norms`; `on_rewrite` is
     called with a line for each), so that the graph is the one optimize plans; without, it is
-    the graph as exported. Raises `TraceError` when
-    torch.export cannot capture the model.
+    the graph as exported. Raises `TraceError` when torch.export cannot capture the model.
     """
     program = export_module(
         module, example_inputs, dtype=dtype, source=source, dynamic_shapes=dynamic_shapes
