@@ -1,5 +1,6 @@
 #include "realize/emit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -621,9 +622,17 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
               "needs a stream_k kernel\");\n";
   }
   const bool coop = c.kernel_schedule == "cooperative";
+  // CUTLASS's scalar broadcast node loads its scalar from global memory in its constructor, which
+  // every warp runs at kernel entry, before the load warps wait for the predecessor: a kernel
+  // with a scalar operand launches plainly.
+  const bool scalar = std::any_of(spec.operands.begin(), spec.operands.end(),
+                                  [](const auto& o) { return o.kind == "scalar"; });
   auto vars = gemm_vars(spec, c, leaves, k.name);
   vars.merge(sm90_vars(c));
   vars.insert({
+      {"dependent_launch", scalar ? "false" : "true"},
+      {"dependent_launch_note", scalar ? "plainly: its scalar operand is read at kernel entry, before the wait"
+                                       : "as a programmatic dependent (FactGemmArgs.pdl)"},
       {"element_c", leaves.element_c},
       {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelTmaWarpSpecializedCooperative"

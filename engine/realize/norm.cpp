@@ -113,6 +113,7 @@ EmittedKernel emit_norm(const NormSpec& spec, const NormConfig& c) {
       {"stats", spec.stats ? "true" : "false"},
       {"kernel_name", k.name},
       {"abi_exports", abi_exports(k.name, info.dump())},
+      {"launch", templates::kLaunch},
       {"t_in", cuda_type(spec.dtype_in)},
       {"t_out", cuda_type(spec.dtype_out)},
       {"t_weight", w},

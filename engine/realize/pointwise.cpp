@@ -340,6 +340,7 @@ EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c
       {"description", "pointwise region, " + std::to_string(spec.inputs.size()) + " input(s) -> " + spec.dtype_out},
       {"kernel_name", k.name},
       {"abi_exports", abi_exports(k.name, info.dump())},
+      {"launch", templates::kLaunch},
       {"expression", text},
       {"t_out", cuda_type(spec.dtype_out)},
       {"cols", std::to_string(spec.cols)},

@@ -86,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graph replay")
     _add_fold(bench)
     bench.add_argument("--profile", action="store_true", help="add a per-kernel time profile")
+    bench.add_argument(
+        "--compare-pdl",
+        action="store_true",
+        help="also time FACT's modules with plain launches instead of programmatic dependent "
+        "ones (PDL), in the same rounds",
+    )
     bench.add_argument("-q", "--quiet", action="store_true", help="only the final table")
     bench.set_defaults(run=_bench)
 
@@ -260,6 +266,7 @@ def _bench(args: argparse.Namespace) -> int:
         command="fact " + " ".join(sys.argv[1:]),
         profile=args.profile,
         fold_norms=args.fold_norms,
+        compare_pdl=args.compare_pdl,
     )
     print(summary_table(bench))
     print(f"report: {out / 'report.md'}")

@@ -264,6 +264,41 @@ TEST(Emit, HorizontalGemmIsAGroupedKernelOverThePartsWeights) {
   EXPECT_THROW(emit_gemm_grouped_sm90(gemm, config(128, 128, 64, 1, 1, "cooperative", "group")), NotSupported);
 }
 
+// Programmatic dependent launch: an sm90 kernel may be launched before its predecessor ends
+// only because CUTLASS's load warps wait for it, which they do only with the macro defined
+// before CUTLASS's headers; a build without the wait is an error, not a race. The sm80 and
+// grouped templates' kernels have no wait and never launch so.
+TEST(Emit, OnlyKernelsThatWaitForTheirPredecessorLaunchAsItsDependents) {
+  const auto spec = GemmSpec::from_pattern(pattern("bf16", "row", "col", json::array({acc()}), {}, "acc"));
+  const auto k = emit_gemm_sm90(spec, config(128, 128, 64, 1, 1, "cooperative"));
+  const auto define = k.source.find("#define CUTLASS_ENABLE_GDC_FOR_SM90");
+  ASSERT_NE(define, std::string::npos);
+  EXPECT_LT(define, k.source.find("#include \"cute/tensor.hpp\""));
+  EXPECT_NE(k.source.find("#if defined(__CUDA_ARCH__) && !defined(CUTLASS_GDC_ENABLED)\n#error"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr bool kDependentLaunch = true;"), std::string::npos);
+  EXPECT_NE(k.source.find("return gemm.run(s, nullptr, dependent);"), std::string::npos);
+  EXPECT_NE(k.source.find("launch(gemm, s, p->pdl != 0)"), std::string::npos);
+
+  // A scalar operand is read by every warp at kernel entry (CUTLASS's scalar broadcast node
+  // loads it in its constructor), before any wait: that kernel launches plainly.
+  const auto ssa = json::array({acc(), opnd(1, 0), fn(2, "mul", {0, 1})});
+  const auto scaled = emit_gemm_sm90(
+      GemmSpec::from_pattern(pattern("bf16", "row", "col", ssa, {operand("s", "bf16[]", "scalar")}, "acc * s")),
+      config(128, 128, 64, 1, 1, "cooperative"));
+  EXPECT_NE(scaled.source.find("Sm90ScalarBroadcast<"), std::string::npos);
+  EXPECT_NE(scaled.source.find("constexpr bool kDependentLaunch = false;"), std::string::npos);
+
+  const auto sm80 = emit_gemm(GemmSpec::from_pattern(pattern("f32", "row", "col", json::array({acc()}), {}, "acc")),
+                              enumerate_multistage().at(0));
+  EXPECT_NE(sm80.source.find("constexpr bool kDependentLaunch = false;"), std::string::npos);
+  EXPECT_EQ(sm80.source.find("CUTLASS_ENABLE_GDC_FOR_SM90"), std::string::npos);
+
+  const auto grouped = emit_gemm(GemmSpec::from_pattern(horizontal("bf16", true)), config(128, 128, 64, 2, 1, "cooperative", "group"));
+  EXPECT_EQ(grouped.source.find("CUTLASS_ENABLE_GDC_FOR_SM90"), std::string::npos);
+  EXPECT_EQ(grouped.source.find("gemm.run(s, nullptr"), std::string::npos);
+  EXPECT_NE(grouped.source.find("gemm.run(s) != cutlass::Status::kSuccess"), std::string::npos);
+}
+
 TEST(Emit, GatedMlpLowersToTheGateGemmWithActTimesUp) {
   json gated = {{"family", "gated_mlp"},
                 {"rule", "gated_mlp"},

@@ -51,6 +51,24 @@ TEST(EmitNorm, LayerNormBf16WithWeightAndBias) {
   expect_golden(k, "norm_layer_norm_bf16_768_t96.cu");
 }
 
+// Launched as a programmatic dependent (FactNormArgs.pdl), a block waits for the kernel before
+// it ahead of its first global read, and only in builds whose every architecture has the wait.
+TEST(EmitNorm, EveryBlockWaitsForThePreviousKernelBeforeItsFirstRead) {
+  const auto spec = NormSpec::from_pattern(norm_pattern("norm", "layer_norm", "bf16", 768, true, true));
+  const auto k = emit_norm(spec, norm_configs(spec).at(0));
+  const auto body = k.source.find("__global__ void __launch_bounds__(kThreads) fact_norm_kernel(");
+  ASSERT_NE(body, std::string::npos);
+  const auto wait = k.source.find("fact_wait_for_previous_grid();", body);
+  ASSERT_NE(wait, std::string::npos);
+  EXPECT_LT(wait, k.source.find("reinterpret_cast<const Pack<TIn>*>(xr)", body));
+  EXPECT_NE(k.source.find("asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");"), std::string::npos);
+  // no early trigger of the next kernel: once per block it cost 57 % of the kernel's time
+  EXPECT_EQ(k.source.find("asm volatile(\"griddepcontrol.launch_dependents;"), std::string::npos);
+  EXPECT_NE(k.source.find("config.numAttrs = dependent && kKernelsWait ? 1 : 0;"), std::string::npos);
+  EXPECT_NE(k.source.find("fact_launch(\n      fact_norm_kernel,"), std::string::npos);
+  EXPECT_NE(k.source.find("a->pdl != 0"), std::string::npos);
+}
+
 TEST(EmitNorm, HandWrittenRmsNormRoundsBeforeTheWeight) {
   const auto spec =
       NormSpec::from_pattern(norm_pattern("rms_norm_handwritten", "rms_norm", "bf16", 4096, true, false, "", "bf16"));

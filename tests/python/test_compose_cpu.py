@@ -398,6 +398,41 @@ def test_the_eager_path_calls_the_fact_ops_bodies_not_the_dispatcher(ref_opt):
     assert all(not n.kwargs.get("direct") for n in calls(opt.graph_module, run_gemm_pattern))
 
 
+def test_the_module_launches_dependents_unless_told_not_to(ref_opt, monkeypatch):
+    """The composed module's kernels launch as programmatic dependents (ops.py) by default;
+    `pdl = False`, or a call within dependent_launches(False), makes them launch plainly, and
+    the setting ends with the call. FACT_PDL=0 in the environment turns the default off."""
+    from fact.compose import ops
+
+    _, x, opt, _ = ref_opt
+    seen = []
+    real = ops.pytorch_candidate  # what the reference kernels run
+
+    def spy(*args):
+        seen.append(ops.dependent_launches_enabled())
+        return real(*args)
+
+    monkeypatch.setattr(ops, "pytorch_candidate", spy)
+    assert opt.pdl
+    with torch.no_grad():
+        opt(x)
+        opt.pdl = False
+        try:
+            opt(x)
+        finally:
+            opt.pdl = True
+        with ops.dependent_launches(False):
+            opt(x)
+    assert seen == [True] * 4 + [False] * 8
+    assert ops.dependent_launches_enabled()
+    with ops.dependent_launches(False):
+        assert not ops.dependent_launches_enabled()
+    code = "from fact.compose import ops; print(ops.dependent_launches_enabled())"
+    env = {**os.environ, "FACT_PDL": "off"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_dispatch_modes_and_torch_compile_see_the_fact_ops(ref_opt):
     _, x, opt, _ = ref_opt
     with torch.no_grad(), _SeenOps() as mode:  # FLOP counters, make_fx, fake tensors: modes

@@ -298,13 +298,50 @@ def test_layer_norm_folded_into_the_gemm_runs_generated_kernels(tmp_path, dtype,
         assert rel_err(opt(y), model(y)) < bound
 
 
+class NormSiluTanh(PreNormMlp):
+    """x + tanh(down(silu(up(layer_norm(x))))): a LayerNorm and two GEMMs whose tails (SiLU,
+    tanh then a residual) no cuBLASLt epilogue has, so FACT's own kernels run all three."""
+
+    def forward(self, x):
+        return x + torch.tanh(self.down(nn.functional.silu(self.up(self.ln(x)))))
+
+
+def test_dependent_launches_change_no_bits(tmp_path):
+    """A chain of generated kernels, each reading what the one before wrote (LayerNorm, GEMM +
+    bias + SiLU, GEMM + tanh + residual), launched as programmatic dependents (the default)
+    gives the bits of plain launches, with plain launches and under CUDA graph replay, call
+    after call on alternating inputs: a kernel that read before its predecessor finished would
+    not."""
+    from fact.compose.impls import run_norm_pattern
+
+    torch.manual_seed(5)
+    model = NormSiluTanh().cuda().to(torch.bfloat16).eval()
+    x = torch.randn(8, 1024, 768, device="cuda", dtype=torch.bfloat16)
+    opt = fact.optimize(
+        model, [x], candidates=1, run_dir=tmp_path / "run", quiet=True, require_faster=False,
+        use_cache=False,
+    )  # fmt: skip
+    assert opt.pdl  # on by default
+    chosen = [p["chosen"] for p in opt.report["patterns"]]
+    assert len(_calls(opt, run_norm_pattern)) == 1, chosen
+    assert len(_calls(opt, run_gemm_pattern)) == 2, chosen  # generated CUTLASS GEMMs
+    inputs = [torch.randn_like(x), torch.randn_like(x) * 2 + 1]
+    opt.pdl, opt.cuda_graphs = False, False
+    expected = [opt(y) for y in inputs]
+    for graphs in (False, True):
+        opt.pdl, opt.cuda_graphs = True, graphs
+        for i in range(40):
+            out = opt(inputs[i % 2])
+            assert torch.equal(out, expected[i % 2]), (graphs, i)
+    assert rel_err(expected[0], model(inputs[0])) < 2e-2
+
+
 # ---------------------------------------------------------------------------------------------
 # Fused attention: generated CUTLASS FMHA kernels through fact::attention
 
 
 ATTENTION_BLOCKS = {
     # MiniGPT's attention half at width 768, 8 heads of 96; Llama's GQA (8 query heads share 2
-    # key/value heads of 128, no RoPE) through SDPA
     # key/value heads of 128, no RoPE) through SDPA; MiniGPT's in fp32 with TF32 allowed (the
     # sm80 kernel in TF32 math). Values: (model, input shape, dtype, float32 matmul precision).
     "minigpt_causal": (

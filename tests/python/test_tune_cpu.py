@@ -446,7 +446,7 @@ def test_args_layout_matches_header(tmp_path, struct, header):
         ptr = ctypes.sizeof(ctypes.c_void_p)
         assert c["sizeof_operands"] == ptr * abi.FACT_MAX_EPILOGUE_OPERANDS
         assert c["max_operands"] == abi.FACT_MAX_EPILOGUE_OPERANDS == 8
-        assert c["version"] == abi.FACT_ABI_VERSION == 6
+        assert c["version"] == abi.FACT_ABI_VERSION == 7
         assert c["max_parts"] == abi.FACT_MAX_GEMM_PARTS == 8
     if struct is abi.FactPointwiseArgs:
         assert c["max_rank"] == abi.FACT_POINTWISE_MAX_RANK == 8
@@ -473,7 +473,7 @@ int main(void) {
 def test_kernel_library_end_to_end(fake_kernels):
     info = {"family": "gemm", "config": {"name": "t128x128x64"}}
     lib = KernelLibrary(fake_kernels("recorder", mode="record", info=info))
-    assert lib.abi_version == abi.FACT_ABI_VERSION == 6
+    assert lib.abi_version == abi.FACT_ABI_VERSION == 7
     assert lib.name == "recorder"
     assert lib.info == info
     args = FactGemmArgs()
@@ -519,7 +519,7 @@ def test_kernel_library_end_to_end(fake_kernels):
 
 def test_kernel_library_refuses_other_abi_version(fake_kernels):
     path = fake_kernels("version1", FAKE_VERSION=1)
-    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 6"):
+    with pytest.raises(abi.AbiError, match=r"version1\.so: kernel ABI version 1.*speaks version 7"):
         KernelLibrary(path)
 
 

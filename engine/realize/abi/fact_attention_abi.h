@@ -1,4 +1,5 @@
-/* FACT kernel C ABI, version 4, for generated fused attention kernels (forward).
+/* FACT kernel C ABI, version 7 (this header unchanged since 4), for generated fused attention
+ * kernels (forward).
  *
  * O[b, h, s, :] = softmax(scale * Q[b, h, s, :] . K[b, hk, t, :] (+ causal mask)) @ V[b, hk, t, :]
  * for b < batch, h < heads, s < seq_q, t < seq_k, where hk = h / (heads / kv_heads) (grouped-query

@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 6: what every generated GEMM-family kernel library exports.
+/* FACT kernel C ABI, version 7: what every generated GEMM-family kernel library exports.
  *
  * A generated .so is loaded with dlopen and driven through these symbols; no libtorch, no C++
  * types cross the boundary. Sizes and leading dimensions are in elements. Status codes:
@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 6
+#define FACT_ABI_VERSION 7
 #define FACT_MAX_EPILOGUE_OPERANDS 8
 #define FACT_MAX_GEMM_PARTS 8
 
@@ -65,6 +65,15 @@ typedef struct FactGemmArgs {
    * a tile of 8 K iterations or fewer data-parallel, and gives scarce stream-K work to fewer
    * CTAs), 2 data-parallel (one CTA per tile). 1 and 2 need splits 1. */
   int raster, max_swizzle, splits, sm_count, reduction, decomposition;
+  /* Version 7: 1 launches the kernel as a programmatic dependent of the stream's previous kernel
+   * (CUDA's programmatic dependent launch, sm_90 and later): its thread blocks may start while
+   * that kernel finishes, and wait for it (its completion and its memory) before they touch
+   * global memory. The same results either way. Kernels that cannot wait so launch plainly
+   * whatever pdl says: horizontally fused (grouped) GEMMs, the sm80 template's GEMMs, GEMMs with
+   * a scalar epilogue operand (read at kernel entry), and builds for architectures before
+   * sm_90. A stream-K kernel's workspace clearing (a memset) comes between it and its
+   * predecessor, so it does not overlap either. 0: a plain launch. */
+  int pdl;
   /* Horizontally fused (grouped) kernels only: one GEMM per part over the shared A (m, k, a,
    * lda as above; batch 1; n is the parts' sum; b, ldb, d, ldd unused). 0 for every other
    * kernel, which refuses parts. */

@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 6, for generated row-norm kernels (LayerNorm, RMSNorm).
+/* FACT kernel C ABI, version 7, for generated row-norm kernels (LayerNorm, RMSNorm).
  *
  * out[r, :] = norm(x[r, :]) (* weight) (+ bias) for r < rows, each row `cols` contiguous
  * elements; rows start `ldx` / `ldout` elements apart. A statistics kernel (a LayerNorm folded
@@ -25,6 +25,7 @@ typedef struct FactNormArgs {
   int64_t ldout;
   double eps;
   void* rstd;         /* statistics kernels: rstd[r] (f32); null otherwise */
+  int pdl;            /* version 7: as FactGemmArgs's pdl */
 } FactNormArgs;
 
 int fact_norm_can_implement(const FactNormArgs* args);

@@ -1,4 +1,4 @@
-/* FACT kernel C ABI, version 4, for generated pointwise kernels: a region of elementwise ops
+/* FACT kernel C ABI, version 7, for generated pointwise kernels: a region of elementwise ops
  * (with broadcasting, casts, and slices and concatenations along the last dim) in one pass.
  *
  * out[i] = f(inputs at i) for every index i of `shape`; out is contiguous in `shape`. Input j is
@@ -27,6 +27,7 @@ typedef struct FactPointwiseArgs {
   void* out;        /* contiguous in shape */
   const void* inputs[FACT_POINTWISE_MAX_INPUTS];
   int64_t strides[FACT_POINTWISE_MAX_INPUTS][FACT_POINTWISE_MAX_RANK];
+  int32_t pdl;      /* version 7: as FactGemmArgs's pdl */
 } FactPointwiseArgs;
 
 int fact_pointwise_can_implement(const FactPointwiseArgs* args);

@@ -305,6 +305,7 @@ def run_bench(
     command: str = "",
     profile: bool = False,
     fold_norms: bool = False,
+    compare_pdl: bool = False,
 ) -> dict[str, Any]:
     from fact.problem import load_problem
     from fact.tune.harness import environment
@@ -355,6 +356,11 @@ def run_bench(
         modules.append(
             ("fact (CUDA graph)" if other.cuda_graphs else "fact (no CUDA graph)", other, "")
         )
+    if compare_pdl:  # each FACT module again, its kernels launched plainly (ops.py)
+        for name, module, _ in [m for m in modules if m[0].startswith("fact")]:
+            plain = copy.copy(module)
+            plain.pdl = False
+            modules.append((name.replace("fact", "fact, no PDL", 1), plain, ""))
     results = []
     for name, module, note in modules:
         with torch.no_grad():

@@ -13,13 +13,22 @@ holds the loaded library, the pattern's GEMM spec (layouts, epilogue operands) a
 knobs tuning picked. Entries with backend "reference" compute the same function with PyTorch ops
 (matmul, then the epilogue expression; the attention math; a pointwise region's expression): the
 composer's tests use them where there is no GPU.
+
+GEMM (sm90 template), norm and pointwise kernels launch as programmatic dependents of the
+stream's previous kernel (CUDA's PDL, `dependent_launches`): a kernel's blocks start while its
+predecessor finishes and wait for it before touching memory, which hides the launch and set-up
+between kernels. Attention kernels, horizontally fused GEMMs and GEMMs with a scalar operand
+launch plainly (docs/kernels.md, "Launches").
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +142,31 @@ def kernel_entry(handle: int) -> Any:
     return _TABLE[handle]
 
 
+#: Whether kernels launch as programmatic dependents (FactGemmArgs.pdl): on unless the
+#: environment says FACT_PDL=0 (or false, off, no) at import; `dependent_launches` switches it
+#: for a block of calls.
+_DEPENDENT = contextvars.ContextVar(
+    "fact_dependent_launches",
+    default=os.environ.get("FACT_PDL", "1").strip().lower() not in ("0", "false", "off", "no"),
+)
+
+
+@contextlib.contextmanager
+def dependent_launches(enabled: bool) -> Iterator[None]:
+    """Launch the kernels called within as programmatic dependents of the stream's previous
+    kernel (True) or plainly (False). The results are the same either way; a CUDA graph
+    captures the launches as they were made."""
+    token = _DEPENDENT.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _DEPENDENT.reset(token)
+
+
+def dependent_launches_enabled() -> bool:
+    return _DEPENDENT.get()
+
+
 def _sm_count(device: torch.device) -> int:
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SM_COUNT:
@@ -199,6 +233,7 @@ def _run_gemm_args(
     stream; FactError `refusal: <the kernel's reason>` when it cannot implement the call."""
     if lib.can_implement(args) != Status.OK:
         raise FactError(f"{refusal}: {lib.last_error()}")
+    args.pdl = int(_DEPENDENT.get())
     lib.check(_launch(lib.run, args, lib.workspace_size(args), device))
 
 
@@ -362,6 +397,7 @@ def _run_norm(entry: NormKernel, op: str, args: FactNormArgs, device: torch.devi
     status = lib.norm_can_implement(args)
     if status != Status.OK:
         raise FactError(f"{op} {entry.label}: {lib.last_error()}")
+    args.pdl = int(_DEPENDENT.get())
     with device_guard(device):
         lib.check(lib.norm_run(args, torch.cuda.current_stream(device).cuda_stream))
 
@@ -713,6 +749,7 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     if any(copies):
         inputs = [t.contiguous() if c else t for t, c in zip(inputs, copies, strict=True)]
     args = FactPointwiseArgs.from_buffer_copy(packed)
+    args.pdl = int(_DEPENDENT.get())
     args.out = out.data_ptr()
     for j, t in enumerate(inputs):
         args.inputs[j] = t.data_ptr()

@@ -58,6 +58,7 @@ from fact.compose.impls import (
     direct_calls,
     library_impls,
 )
+from fact.compose.ops import dependent_launches, dependent_launches_enabled
 from fact.compose.program import Program, pattern_outputs, replace, subgraph
 from fact.compose.report import json_ready
 from fact.errors import FactError
@@ -143,7 +144,12 @@ def time_us(fn: Callable[[], Any], device: torch.device, reps: int = PATTERN_REP
 
 class OptimizedModule(nn.Module):
     """The composed module: the exported graph with patterns replaced, fed from `original`'s
-    live parameters and buffers. Inference only: it runs under torch.no_grad()."""
+    live parameters and buffers. Inference only: it runs under torch.no_grad().
+
+    `cuda_graphs`: replay one captured CUDA graph per input signature. `pdl`: launch the
+    generated kernels as programmatic dependents of the kernel before them (ops.py); on by
+    default, off when set False, and for calls made within ops.dependent_launches(False) or
+    with FACT_PDL=0 in the environment."""
 
     def __init__(
         self,
@@ -158,6 +164,7 @@ class OptimizedModule(nn.Module):
         self.original = original  # a submodule: parameters() and state_dict() are shared
         self.report = report
         self.cuda_graphs = cuda_graphs
+        self.pdl = True
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_graph_module", graph_module)
         # What real-tensor calls run: fact ops called directly, and the work on parameters
@@ -204,10 +211,11 @@ class OptimizedModule(nn.Module):
             stale = self._program.stale_buffers()
             if stale:
                 return self._program.unflatten(self._original_graph(flat, stale, state))
-            if self.cuda_graphs and _graphable(flat):
-                outs = self._graphed(flat, state)
-            else:
-                outs = self.run_graph(flat, state)
+            with dependent_launches(self.pdl and dependent_launches_enabled()):
+                if self.cuda_graphs and _graphable(flat):
+                    outs = self._graphed(flat, state)
+                else:
+                    outs = self.run_graph(flat, state)
             return self._program.unflatten(outs)
 
     def _original_graph(
@@ -239,6 +247,7 @@ class OptimizedModule(nn.Module):
             tuple(t.data_ptr() for t in hoisted),
             # the launch knobs captured depend on it (ops.launch_knobs): capture again
             torch.are_deterministic_algorithms_enabled(),
+            dependent_launches_enabled(),  # launches are captured as made
         )
         replay = self._replay
         if replay is None or replay.key != key:

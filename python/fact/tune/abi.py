@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 6 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 7 (engine/realize/abi/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from fact.errors import FactError
 
-FACT_ABI_VERSION = 6
+FACT_ABI_VERSION = 7
 FACT_MAX_EPILOGUE_OPERANDS = 8
 FACT_MAX_GEMM_PARTS = 8
 FACT_POINTWISE_MAX_RANK = 8
@@ -107,6 +107,7 @@ class FactGemmArgs(ctypes.Structure):
         ("sm_count", ctypes.c_int),
         ("reduction", ctypes.c_int),
         ("decomposition", ctypes.c_int),
+        ("pdl", ctypes.c_int),  # 1: a programmatic dependent launch (see the header)
         ("n_parts", ctypes.c_int),
         ("parts", FactGemmPart * FACT_MAX_GEMM_PARTS),
     ]
@@ -154,6 +155,7 @@ class FactNormArgs(ctypes.Structure):
         ("ldout", _I64),
         ("eps", ctypes.c_double),
         ("rstd", _PTR),  # statistics kernels: rstd[r]; out[r] is the mean
+        ("pdl", ctypes.c_int),  # as FactGemmArgs.pdl
     ]
 
 
@@ -217,6 +219,7 @@ class FactPointwiseArgs(ctypes.Structure):
         ("out", _PTR),
         ("inputs", _PTR * _INPUTS),
         ("strides", (_I64 * _RANK) * _INPUTS),
+        ("pdl", ctypes.c_int32),  # as FactGemmArgs.pdl
     ]
 
     def to_dict(self) -> dict[str, Any]:

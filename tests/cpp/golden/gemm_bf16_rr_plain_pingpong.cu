@@ -3,6 +3,13 @@
 // D = acc
 // CUTLASS 3 sm90a GEMM: TMA + warp-specialized WGMMA; the epilogue is an epilogue visitor tree
 // whose root computes the pattern's expression from the accumulator and its operands.
+//
+// Programmatic dependent launch: CUTLASS's sm90 kernels wait for the stream's previous kernel
+// in their load warps before their loads, and let the next kernel launch from their last tile,
+// when this macro is defined before its headers (cutlass/arch/grid_dependency_control.h). The
+// epilogue's other global reads come after the mainloop's loads, except a scalar operand's
+// (kDependentLaunch below).
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -22,9 +29,17 @@
 #include "cutlass/fast_math.h"
 #include "cutlass/numeric_types.h"
 #include "cutlass/util/packed_stride.hpp"
+#include "cutlass/arch/grid_dependency_control.h"
 #include "fact_gemm_abi.h"
 
+#if defined(__CUDA_ARCH__) && !defined(CUTLASS_GDC_ENABLED)
+#error "this kernel launches as a programmatic dependent and must wait for its predecessor: build it for sm_90a"
+#endif
+
 namespace {
+
+// fact_gemm_run launches this kernel as a programmatic dependent (FactGemmArgs.pdl).
+constexpr bool kDependentLaunch = true;
 
 using namespace cute;
 
@@ -181,6 +196,22 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
 
 // The C ABI of fact_gemm_abi.h over the kernel's Gemm, build_arguments() and check_problem(),
 // the same in every GEMM kernel (FACT's templates/gemm_abi.cu.in).
+namespace {
+
+// As a programmatic dependent of the stream's previous kernel when asked and the template's
+// kernel waits for it (kDependentLaunch); CUTLASS 2's adapter has no such launch.
+template <class G>
+cutlass::Status launch(G& gemm, cudaStream_t s, bool dependent) {
+  if constexpr (kDependentLaunch) {
+    return gemm.run(s, nullptr, dependent);
+  } else {
+    (void)dependent;
+    return gemm.run(s);
+  }
+}
+
+}  // namespace
+
 extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
@@ -223,7 +254,7 @@ __attribute__((visibility("default"))) int fact_gemm_run(const FactGemmArgs* p, 
   if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) {
     return fail(FACT_CUDA_ERROR, "CUTLASS initialize failed");
   }
-  if (gemm.run(s) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
+  if (launch(gemm, s, p->pdl != 0) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
   return FACT_OK;

@@ -24,6 +24,9 @@
 
 namespace {
 
+// CUTLASS 2's kernels have no wait for a predecessor: they always launch plainly.
+constexpr bool kDependentLaunch = false;
+
 using namespace cute;
 
 using ElementA = float;
@@ -153,6 +156,22 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
 
 // The C ABI of fact_gemm_abi.h over the kernel's Gemm, build_arguments() and check_problem(),
 // the same in every GEMM kernel (FACT's templates/gemm_abi.cu.in).
+namespace {
+
+// As a programmatic dependent of the stream's previous kernel when asked and the template's
+// kernel waits for it (kDependentLaunch); CUTLASS 2's adapter has no such launch.
+template <class G>
+cutlass::Status launch(G& gemm, cudaStream_t s, bool dependent) {
+  if constexpr (kDependentLaunch) {
+    return gemm.run(s, nullptr, dependent);
+  } else {
+    (void)dependent;
+    return gemm.run(s);
+  }
+}
+
+}  // namespace
+
 extern "C" {
 
 __attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
@@ -195,7 +214,7 @@ __attribute__((visibility("default"))) int fact_gemm_run(const FactGemmArgs* p, 
   if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) {
     return fail(FACT_CUDA_ERROR, "CUTLASS initialize failed");
   }
-  if (gemm.run(s) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
+  if (launch(gemm, s, p->pdl != 0) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
   return FACT_OK;

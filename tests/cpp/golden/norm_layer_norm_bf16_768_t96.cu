@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 
 #include "fact_norm_abi.h"
 
@@ -35,6 +36,57 @@ static_assert(kItems * kThreads >= kVecs, "too few threads for a row");
 static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
 
 thread_local char g_error[512] = "";
+
+// Programmatic dependent launch (PDL), the same in every generated norm and pointwise kernel
+// (FACT's templates/launch.cu.in). Launched as a programmatic dependent, a kernel's blocks may
+// start while the stream's previous kernel finishes, so every thread first waits for that kernel
+// (its completion and its memory) before touching global memory. Launched plainly, the wait
+// returns at once.
+//
+// These kernels never trigger their own dependents early (griddepcontrol.launch_dependents):
+// they run tens of thousands of short blocks, and the trigger at the start of each block made
+// the MiniGPT LayerNorm 57 % slower on the H200 (83 against 53 us, launched either way), where
+// the wait costs nothing measurable (bench/README.md, twentieth session). The next kernel then
+// launches when this one's blocks have exited, as after a plain launch.
+__device__ __forceinline__ void fact_wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Whether every device binary of this library has the wait: all of its virtual architectures
+// are 9.0 or later. Anything older launches plainly, whatever the caller asks.
+constexpr int fact_min_arch(std::initializer_list<int> archs) {
+  int least = 1 << 30;
+  for (int a : archs) least = a < least ? a : least;
+  return least;
+}
+#ifdef __CUDA_ARCH_LIST__
+constexpr bool kKernelsWait = fact_min_arch({__CUDA_ARCH_LIST__}) >= 900;
+#else
+constexpr bool kKernelsWait = false;
+#endif
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the stream's
+// previous kernel when `dependent` asks and the kernels wait for it.
+template <class... Params, class... Args>
+cudaError_t fact_launch(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream, bool dependent,
+                        Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = dependent && kKernelsWait ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const cudaError_t last = cudaGetLastError();  // read, and so cleared, as after a <<<>>> launch
+  return err != cudaSuccess ? err : last;
+}
+
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -76,6 +128,7 @@ __global__ void __launch_bounds__(kThreads) fact_norm_kernel(const TIn* __restri
                                                              TOut* __restrict__ out, int64_t ldout,
                                                              float* __restrict__ rstd_out, float eps) {
   __shared__ float scratch[32];
+  fact_wait_for_previous_grid();
   const int64_t row = blockIdx.x;
   const TIn* xr = x + row * ldx;
   TOut* yr = out + row * ldout;
@@ -173,10 +226,10 @@ __attribute__((visibility("default"))) int fact_norm_run(const FactNormArgs* a, 
   const int status = fact_norm_can_implement(a);
   if (status != FACT_OK) return status;
   if (a->rows == 0) return FACT_OK;
-  fact_norm_kernel<<<static_cast<unsigned>(a->rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  const cudaError_t err = fact_launch(
+      fact_norm_kernel, static_cast<unsigned>(a->rows), kThreads, static_cast<cudaStream_t>(stream), a->pdl != 0,
       static_cast<const TIn*>(a->x), a->ldx, static_cast<const TW*>(a->weight), static_cast<const TW*>(a->bias),
       static_cast<TOut*>(a->out), a->ldout, static_cast<float*>(a->rstd), static_cast<float>(a->eps));
-  const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
     return FACT_CUDA_ERROR;

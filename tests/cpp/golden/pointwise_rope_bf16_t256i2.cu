@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 
 #include "fact_pointwise_abi.h"
 
@@ -30,6 +31,57 @@ constexpr int kInputBytes[] = {2, 2, 2};  // element size per input
 static_assert(kCols % kVec == 0, "the last dim must be a multiple of the vector width");
 
 thread_local char g_error[512] = "";
+
+// Programmatic dependent launch (PDL), the same in every generated norm and pointwise kernel
+// (FACT's templates/launch.cu.in). Launched as a programmatic dependent, a kernel's blocks may
+// start while the stream's previous kernel finishes, so every thread first waits for that kernel
+// (its completion and its memory) before touching global memory. Launched plainly, the wait
+// returns at once.
+//
+// These kernels never trigger their own dependents early (griddepcontrol.launch_dependents):
+// they run tens of thousands of short blocks, and the trigger at the start of each block made
+// the MiniGPT LayerNorm 57 % slower on the H200 (83 against 53 us, launched either way), where
+// the wait costs nothing measurable (bench/README.md, twentieth session). The next kernel then
+// launches when this one's blocks have exited, as after a plain launch.
+__device__ __forceinline__ void fact_wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Whether every device binary of this library has the wait: all of its virtual architectures
+// are 9.0 or later. Anything older launches plainly, whatever the caller asks.
+constexpr int fact_min_arch(std::initializer_list<int> archs) {
+  int least = 1 << 30;
+  for (int a : archs) least = a < least ? a : least;
+  return least;
+}
+#ifdef __CUDA_ARCH_LIST__
+constexpr bool kKernelsWait = fact_min_arch({__CUDA_ARCH_LIST__}) >= 900;
+#else
+constexpr bool kKernelsWait = false;
+#endif
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the stream's
+// previous kernel when `dependent` asks and the kernels wait for it.
+template <class... Params, class... Args>
+cudaError_t fact_launch(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream, bool dependent,
+                        Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = dependent && kKernelsWait ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const cudaError_t last = cudaGetLastError();  // read, and so cleared, as after a <<<>>> launch
+  return err != cudaSuccess ? err : last;
+}
+
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -142,6 +194,7 @@ __global__ void __launch_bounds__(kThreads) fact_pointwise_kernel(const __grid_c
   const auto* __restrict__ in1 = static_cast<const __nv_bfloat16*>(a.inputs[1]);
   const auto* __restrict__ in2 = static_cast<const __nv_bfloat16*>(a.inputs[2]);
   constexpr int kBases = kInputs > 0 ? kInputs : 1;
+  fact_wait_for_previous_grid();
   // One output vector v: its last-dim coordinate c and each input's offset of the other dims.
   auto body = [&](const Index v, const int64_t c, const int64_t (&base)[kBases]) {
     float v0[kVec];
@@ -297,12 +350,11 @@ __attribute__((visibility("default"))) int fact_pointwise_run(const FactPointwis
   }
   p.out = static_cast<TOut*>(a->out);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (vecs + int64_t{kThreads} * kItems <= 2147483647) {
-    fact_pointwise_kernel<uint32_t><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p, static_cast<uint32_t>(vecs));
-  } else {
-    fact_pointwise_kernel<uint64_t><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(p, static_cast<uint64_t>(vecs));
-  }
-  const cudaError_t err = cudaGetLastError();
+  const auto grid = static_cast<unsigned>(blocks);
+  const cudaError_t err =
+      vecs + int64_t{kThreads} * kItems <= 2147483647
+          ? fact_launch(fact_pointwise_kernel<uint32_t>, grid, kThreads, s, a->pdl != 0, p, static_cast<uint32_t>(vecs))
+          : fact_launch(fact_pointwise_kernel<uint64_t>, grid, kThreads, s, a->pdl != 0, p, static_cast<uint64_t>(vecs));
   if (err != cudaSuccess) {
     std::snprintf(g_error, sizeof g_error, "launch: %s", cudaGetErrorString(err));
     return FACT_CUDA_ERROR;
