@@ -7,7 +7,11 @@ is checked against a float32 reference first (relative error, bf16/f16 outputs u
 under 1e-5). Times: CUDA events, median of the repetitions, L2 flushed before each
 (`fact.tune.harness.time_fn`).
 
-    python3 bench/norm_bench.py RUN_DIR [RUN_DIR ...] [--rows 65536] [--reps 30]
+    python3 bench/norm_bench.py RUN_DIR [RUN_DIR ...] [--rows 65536] [--reps 30] [--pdl]
+
+--pdl adds each kernel launched as a programmatic dependent (FactNormArgs.pdl), alone (L2 flushed
+before each, as above) and in a chain: CHAIN launches back to back with no flush, the time per
+launch, plain and dependent.
 """
 
 from __future__ import annotations
@@ -44,7 +48,26 @@ def reference(info: dict, x, w, b, eps: float):
     return _norm_reference(entry, x, w, b)
 
 
-def bench_library(path: Path, rows: int, reps: int) -> dict:
+CHAIN = 20
+
+
+def chain_us(run, reps: int) -> float:
+    """Median over reps of (CHAIN launches back to back, no flush) / CHAIN, in us."""
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(CHAIN):
+            run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CHAIN)
+    return statistics.median(times)
+
+
+def bench_library(path: Path, rows: int, reps: int, pdl: bool = False) -> dict:
     lib = KernelLibrary(path)
     info = lib.info
     cols, eps = info["cols"], 1e-5
@@ -84,7 +107,15 @@ def bench_library(path: Path, rows: int, reps: int) -> dict:
             )
         )
     moved = x.numel() * x.element_size() + out.numel() * out.element_size()
+    launches = {}
+    if pdl:
+        for dependent in (0, 1):
+            args.pdl = dependent
+            alone = harness.time_fn(run, reps=reps, warmup=3, flush=True, device=dev)
+            launches[dependent] = (statistics.median(alone), chain_us(run, reps))
+        args.pdl = 0
     return {
+        "launches": launches,
         "kernel": lib.name,
         "config": info.get("config", {}).get("name", "?"),
         "us": t,
@@ -101,6 +132,7 @@ def main() -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="run directories of `fact realize`")
     ap.add_argument("--rows", type=int, default=65536)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--pdl", action="store_true", help="also time programmatic dependent launches")
     args = ap.parse_args()
     seen, results = set(), []
     for run in args.runs:
@@ -108,7 +140,7 @@ def main() -> int:
             if lib.name in seen:  # the same kernel for two patterns
                 continue
             seen.add(lib.name)
-            results.append(bench_library(lib, args.rows, args.reps))
+            results.append(bench_library(lib, args.rows, args.reps, args.pdl))
     print(f"rows {args.rows}; {torch.cuda.get_device_name()}; torch {torch.__version__}\n")
     print("| kernel | config | us | PyTorch us | vs PyTorch | TB/s | rel err | verified |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -121,6 +153,18 @@ def main() -> int:
             f"{r['torch_us'] / r['us']:.2f}x | {r['tb_s']:.2f} | {r['rel_err']:.1e} | "
             f"{'yes' if r['ok'] else 'NO ' + r['why']} |"
         )
+    if args.pdl:
+        print(
+            f"\nPlain and programmatic dependent launches (us): alone, L2 flushed before each; "
+            f"chained, {CHAIN} launches back to back, per launch.\n"
+        )
+        print("| kernel | config | alone, plain | alone, dependent | chain, plain | chain, dep. |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in results:
+            if r.get("launches"):
+                (a0, c0), (a1, c1) = r["launches"][0], r["launches"][1]
+                times = " | ".join(f"{t:.1f}" for t in (a0, a1, c0, c1))
+                print(f"| {r['kernel']} | {r['config']} | {times} |")
     return 0 if all(r.get("ok") for r in results) else 1
 
 
