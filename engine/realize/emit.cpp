@@ -631,8 +631,6 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   vars.merge(sm90_vars(c));
   vars.insert({
       {"dependent_launch", scalar ? "false" : "true"},
-      {"dependent_launch_note", scalar ? "plainly: its scalar operand is read at kernel entry, before the wait"
-                                       : "as a programmatic dependent (FactGemmArgs.pdl)"},
       {"element_c", leaves.element_c},
       {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelTmaWarpSpecializedCooperative"

@@ -38,7 +38,8 @@
 
 namespace {
 
-// fact_gemm_run launches this kernel as a programmatic dependent (FactGemmArgs.pdl).
+// fact_gemm_run launches this kernel as a programmatic dependent (FactGemmArgs.pdl), unless it
+// has a scalar operand: CUTLASS's scalar broadcast node reads it at kernel entry, before any wait.
 constexpr bool kDependentLaunch = true;
 
 using namespace cute;

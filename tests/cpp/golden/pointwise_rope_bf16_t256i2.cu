@@ -8,10 +8,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <initializer_list>
 
 #include "fact_pointwise_abi.h"
 
@@ -51,13 +51,8 @@ __device__ __forceinline__ void fact_wait_for_previous_grid() {
 
 // Whether every device binary of this library has the wait: all of its virtual architectures
 // are 9.0 or later. Anything older launches plainly, whatever the caller asks.
-constexpr int fact_min_arch(std::initializer_list<int> archs) {
-  int least = 1 << 30;
-  for (int a : archs) least = a < least ? a : least;
-  return least;
-}
 #ifdef __CUDA_ARCH_LIST__
-constexpr bool kKernelsWait = fact_min_arch({__CUDA_ARCH_LIST__}) >= 900;
+constexpr bool kKernelsWait = std::min({__CUDA_ARCH_LIST__}) >= 900;
 #else
 constexpr bool kKernelsWait = false;
 #endif
@@ -70,7 +65,6 @@ cudaError_t fact_launch(void (*kernel)(Params...), unsigned grid, unsigned block
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(block);
-  config.dynamicSmemBytes = 0;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
