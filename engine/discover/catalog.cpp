@@ -22,7 +22,7 @@ const std::vector<Rule>& catalog() {
   static const std::vector<Rule> rules = {
       {"gemm_epilogue", Family::gemm, {Op::mm, Op::addmm, Op::bmm, Op::baddbmm, Op::matmul, Op::linear},
        "D = epilogue(A @ B, operands...)  // any pointwise tail over the accumulator",
-       match_gemm_epilogue},
+       match_gemm_epilogue, shrink_gemm_epilogue},
       {"horizontal_gemm", Family::horizontal_gemm, {Op::mm, Op::addmm, Op::matmul, Op::linear},
        "[D1 | D2 | ...] = A @ [B1 | B2 | ...] (+ biases)  // GEMMs sharing A, one launch",
        match_horizontal_gemm},

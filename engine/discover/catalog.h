@@ -21,12 +21,17 @@ struct Rule {
   std::set<ir::Op> roots;  // the ops a match is anchored at
   std::string math;        // one-line description of what the fused kernel computes
   std::function<Attempt(const ir::Graph&, int root)> match;
+  // Optional: the match at `root` that leaves the `taken` nodes (a flag per node) to the patterns
+  // that beat it, such as a GEMM without the part of its epilogue another GEMM's took. The
+  // planner tries it on candidates that lost an overlap.
+  std::function<Attempt(const ir::Graph&, int root, const std::vector<char>& taken)> shrink = nullptr;
 };
 
 const std::vector<Rule>& catalog();
 
 // Matchers (rule_*.cpp).
 Attempt match_gemm_epilogue(const ir::Graph& g, int root);
+Attempt shrink_gemm_epilogue(const ir::Graph& g, int root, const std::vector<char>& taken);
 Attempt match_horizontal_gemm(const ir::Graph& g, int root);
 Attempt match_gated_mlp(const ir::Graph& g, int root);
 Attempt match_attention_handwritten(const ir::Graph& g, int root);

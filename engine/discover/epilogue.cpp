@@ -317,7 +317,8 @@ std::vector<std::string> name_steps(const Graph& g, const ExprGraph& e,
   return steps;
 }
 
-Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Operand> seed_operands) {
+Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Operand> seed_operands,
+                       const std::vector<char>* taken) {
   Epilogue ep;
   ep.output = gemm;
   ep.expr = std::move(seed);
@@ -341,6 +342,12 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
     if (!reads_region) continue;
     std::string why;
     bool ok = pass_through(g, n, n_cols) || translatable(g, n, why);
+    if (taken && (*taken)[static_cast<size_t>(id)]) {
+      ok = false;
+      why = (*taken)[static_cast<size_t>(id)] == kSecondFull
+                ? "it reads a second full-size tensor (the kernel reads one, as C)"
+                : "another pattern computes it";
+    }
     if (ok && (n.outputs.size() != 1 || n.type().numel() != G.type().numel() ||
                n.type().shape.back() != n_cols)) {
       ok = false;  // broadcasting the GEMM result up (or down) is not an epilogue

@@ -29,9 +29,13 @@ struct Epilogue {
   std::string text() const;       // "gelu_tanh(acc + bias)"
 };
 
-// `prefix` holds steps the GEMM op itself performs (linear's or addmm's bias, alpha/beta),
-// already expressed over acc in `seed` (which may be just {acc}). `n_cols` is the GEMM's N.
-Epilogue grow_epilogue(const ir::Graph& g, int gemm, ExprGraph seed, std::vector<Operand> seed_operands);
+// `seed` holds steps the GEMM op itself performs (linear's or addmm's bias, alpha/beta),
+// already expressed over acc (it may be just {acc}). With `taken` (a value per node), the tail
+// stops before the nodes marked 1 (another pattern computes them) and kSecondFull (they read a
+// second full-size tensor).
+constexpr char kSecondFull = 2;
+Epilogue grow_epilogue(const ir::Graph& g, int gemm, ExprGraph seed, std::vector<Operand> seed_operands,
+                       const std::vector<char>* taken = nullptr);
 
 // Classify how tensor `operand` broadcasts into a node whose output type is `out`:
 // scalar | row | col | full, or "" if none of those.

@@ -29,6 +29,12 @@ bool overlap(const std::vector<int>& a, const std::vector<int>& b) {
   return false;
 }
 
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
 // Score: estimated saving, ties broken by coverage (a nanosecond per node).
 double score(const Candidate& c) { return c.saving_s() + 1e-9 * static_cast<double>(c.match.nodes.size()); }
 
@@ -172,6 +178,33 @@ Discovery discover(const Graph& g, const CostModel& cost) {
   std::vector<char> covered(static_cast<size_t>(g.size()), 0);
   for (const auto& c : d.chosen) {
     for (int id : c.match.nodes) covered[static_cast<size_t>(id)] = 1;
+  }
+  // A candidate that lost an overlap may still have a kernel's worth left: a GEMM whose
+  // epilogue another GEMM took (x + attn(x) + mlp(x): one projection takes both adds, the other
+  // keeps its bias). Best first, each shrunk match as its rule re-grows it around what is taken.
+  std::vector<size_t> lost;
+  for (size_t i = 0; i < d.rejected.size(); ++i) {
+    if (d.rejected_why[i].rfind("overlaps ", 0) == 0) lost.push_back(i);
+  }
+  std::stable_sort(lost.begin(), lost.end(),
+                   [&](size_t a, size_t b) { return score(d.rejected[a]) > score(d.rejected[b]); });
+  for (size_t i : lost) {
+    const Match& m = d.rejected[i].match;
+    const auto rule = std::find_if(catalog().begin(), catalog().end(), [&](const Rule& r) { return r.name == m.rule; });
+    if (rule == catalog().end() || !rule->shrink) continue;
+    for (auto& s : rule->shrink(g, m.root, covered).matches) {
+      const bool free = std::none_of(s.nodes.begin(), s.nodes.end(),
+                                     [&](int id) { return covered[static_cast<size_t>(id)] != 0; });
+      if (!free) continue;
+      Candidate c{std::move(s), {}, {}};
+      c.unfused = cost.unfused(g, c.match.nodes);
+      c.fused = cost.fused(g, c.match);
+      if (not_worth(c, on_state, false)) continue;
+      for (int id : c.match.nodes) covered[static_cast<size_t>(id)] = 1;
+      d.rejected_why[i] += "; shrunk to what it leaves: " + (c.match.epilogue.empty() ? std::string("no epilogue")
+                                                                                       : "epilogue " + join(c.match.epilogue));
+      d.chosen.push_back(std::move(c));
+    }
   }
   // What the rules left to PyTorch: pointwise regions, one generated kernel each.
   for (auto& m : pointwise_regions(g, covered)) {

@@ -2,6 +2,7 @@
 // scaled_dot_product_attention. The matcher steps over the views between the projections and
 // the attention (split, view, transpose, GQA's expand/reshape or repeat_interleave) so the
 // fused kernel reads Q, K and V in place, with the strides recorded in the plan.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -130,8 +131,8 @@ Side trace_operand(const Graph& g, int id) {
           s.transposed = !s.transposed;
         }
       }
-    } else if (!(is_view(n) || is_identity(g, n) || n.op == Op::contiguous)) {
-      break;
+    } else if (!(is_view(n) || is_identity(g, n))) {
+      break;  // a contiguous() that copies ends the walk: the kernel reads the copy
     }
     s.chain.push_back(s.source);
     s.source = src;
@@ -216,7 +217,60 @@ int additive_mask_side(const Graph& g, const std::vector<int>& ops, std::vector<
   return -1;
 }
 
-bool single_use(const Graph& g, int id) { return g.node(id).users.size() == 1 && !g.is_graph_output(id); }
+// One reader of `id`'s values: x.type_as(id) reads only its dtype (T5 casts the probabilities
+// back with .type_as(scores)), so such users do not count.
+bool single_use(const Graph& g, int id) {
+  if (g.is_graph_output(id)) return false;
+  int readers = 0;
+  for (int u : g.node(id).users) {
+    const auto& n = g.node(u);
+    const auto ops = g.operands(n);
+    const bool dtype_only = n.op == Op::type_as && ops.size() == 2 && ops[0] != id && ops[1] == id;
+    readers += dtype_only ? 0 : 1;
+  }
+  return readers == 1;
+}
+
+// The user of `id` that reads its values (see single_use).
+int value_user(const Graph& g, int id) {
+  for (int u : g.node(id).users) {
+    const auto ops = g.operands(g.node(u));
+    if (!(g.node(u).op == Op::type_as && ops.size() == 2 && ops[0] != id && ops[1] == id)) return u;
+  }
+  return -1;
+}
+
+// Whether `id` is a GEMM or computed from one within `depth` steps back.
+bool reaches_gemm(const Graph& g, int id, int depth) {
+  const auto& n = g.node(id);
+  if (ir::op_class(n.op) == OpClass::gemm) return true;
+  if (n.is_placeholder() || depth == 0) return false;
+  for (int o : g.operands(n)) {
+    if (reaches_gemm(g, o, depth - 1)) return true;
+  }
+  return false;
+}
+
+// Which operand of an add (0 or 1) is an additive score bias (a position bias, a padding mask
+// made additive): a tensor that broadcasts to the scores and is not computed from Q @ K^T,
+// while the other operand is; -1 if neither.
+int score_bias_side(const Graph& g, const Node& add, const std::vector<int>& ops) {
+  if (add.outputs.size() != 1) return -1;
+  const auto& scores = add.type().shape;
+  for (int side = 1; side >= 0; --side) {
+    const auto& b = g.node(ops[static_cast<size_t>(side)]);
+    if (b.outputs.size() != 1 || b.type().rank() > static_cast<int>(scores.size())) continue;
+    const auto& shape = b.type().shape;
+    bool broadcasts = true;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const int64_t want = scores[scores.size() - shape.size() + d];
+      broadcasts = broadcasts && (shape[d] == want || shape[d] == 1);
+    }
+    const int other = ops[static_cast<size_t>(1 - side)];
+    if (broadcasts && !reaches_gemm(g, b.id, 8) && reaches_gemm(g, other, 8)) return side;
+  }
+  return -1;
+}
 
 }  // namespace
 
@@ -232,6 +286,7 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
   std::vector<std::string> steps;
   double scale = 1.0;
   bool causal = false;
+  int bias = -1;  // an additive score bias, added after any scale (as SDPA's attn_mask is)
   int progress = 1;
   // Backward: casts, scaling and masking between Q @ K^T and the softmax.
   int cur = first_operand(sm);
@@ -266,10 +321,21 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
       causal = true;
       steps.insert(steps.begin(), "causal_mask");
       cur = ops[static_cast<size_t>(1 - additive_mask_side(g, ops, mask_nodes))];
+    } else if (n.op == Op::add && ops.size() == 2 && score_bias_side(g, n, ops) >= 0) {
+      const int side = score_bias_side(g, n, ops);
+      if (bias >= 0) return miss(rule, root, cur, progress, "a second score bias ('" + n.name + "')");
+      if (std::find(steps.begin(), steps.end(), "scale") != steps.end()) {
+        return miss(rule, root, cur, progress,
+                    "the score bias '" + g.node(ops[static_cast<size_t>(side)]).name +
+                        "' is added before a scale, which would scale it too");
+      }
+      bias = ops[static_cast<size_t>(side)];
+      steps.insert(steps.begin(), "bias");
+      cur = ops[static_cast<size_t>(1 - side)];
     } else {
       return miss(rule, root, cur, progress,
                   "between Q @ K^T and softmax, '" + n.name + "' (" + n.target_op +
-                      ") is not a cast, a scale by a constant or a causal mask");
+                      ") is not a cast, a scale by a constant, a causal mask or an additive bias");
     }
     nodes.push_back(n.id);
     if (!mask_nodes.empty()) chains.push_back(mask_nodes);
@@ -304,7 +370,7 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
   std::string softmax_dtype = ir::dtype_name(sm.type().dtype);
   while (true) {
     if (!single_use(g, cur)) return miss(rule, root, cur, progress, "the probabilities are also used elsewhere");
-    const int u = g.node(cur).users[0];
+    const int u = value_user(g, cur);
     const auto& n = g.node(u);
     if (ir::op_class(n.op) == OpClass::cast || is_identity(g, n)) {
       nodes.push_back(u);
@@ -326,9 +392,24 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
   const auto pv_ops = g.operands(g.node(pv));
   if (pv_ops.size() != 2) return miss(rule, root, pv, progress, "P @ V does not have two tensor operands");
   steps.push_back("softmax");
+  // single_use let dtype-only readers pass: they must be inside the pattern too.
+  for (int id : nodes) {
+    for (int u : g.node(id).users) {
+      if (std::find(nodes.begin(), nodes.end(), u) == nodes.end() && value_user(g, id) != u) {
+        return miss(rule, root, u, progress, "'" + g.node(u).name + "' reads the dtype of '" + g.node(id).name +
+                                                 "' inside the attention");
+      }
+    }
+  }
   Attempt a;
   a.matches.push_back(attention_match(g, rule, root, q, kt, pv_ops[1], pv, causal, scale, softmax_dtype,
                                       nodes, steps, chains));
+  if (bias >= 0) {
+    Match& m = a.matches.back();
+    m.operands.push_back(Operand{"bias", bias, "full"});
+    m.attrs["bias_shape"] = g.node(bias).type().shape;
+    m.attrs["bias_dtype"] = ir::dtype_name(g.node(bias).type().dtype);
+  }
   return a;
 }
 

@@ -1,4 +1,6 @@
 // GEMM + epilogue: one GEMM-class node and the pointwise tail after it (discover/epilogue.h).
+#include <algorithm>
+
 #include "discover/catalog.h"
 #include "discover/epilogue.h"
 #include "discover/gemm_shape.h"
@@ -6,13 +8,39 @@
 
 namespace fact::discover {
 
+namespace {
 
-Attempt match_gemm_epilogue(const ir::Graph& g, int root) {
+// The tail node that first reads a second full-size operand, in program order; -1 if the tail
+// reads at most one (the GEMM kernel fetches one full tensor, CUTLASS's C).
+int second_full_reader(const ir::Graph& g, const Epilogue& ep) {
+  std::vector<int> full;
+  for (const auto& o : ep.operands) {
+    if (o.broadcast == "full") full.push_back(o.node);
+  }
+  if (full.size() < 2) return -1;
+  std::vector<int> tail = ep.nodes;
+  std::sort(tail.begin(), tail.end());
+  std::vector<int> seen;
+  for (int id : tail) {
+    for (int o : g.operands(g.node(id))) {
+      if (std::count(full.begin(), full.end(), o) && !std::count(seen.begin(), seen.end(), o)) seen.push_back(o);
+    }
+    if (seen.size() > 1) return id;
+  }
+  return -1;
+}
+
+Attempt match_gemm_epilogue_leaving(const ir::Graph& g, int root, const std::vector<char>* taken) {
   const std::string rule = "gemm_epilogue";
   GemmShape s;
   std::string why;
   if (!gemm_shape(g, root, s, why)) return miss(rule, root, root, 1, "'" + g.node(root).name + "' " + why);
-  const auto ep = grow_epilogue(g, root, s.seed, s.seed_operands);
+  std::vector<char> leave = taken ? *taken : std::vector<char>(static_cast<size_t>(g.size()), 0);
+  auto ep = grow_epilogue(g, root, s.seed, s.seed_operands, &leave);
+  for (int second; (second = second_full_reader(g, ep)) >= 0;) {
+    leave[static_cast<size_t>(second)] = kSecondFull;
+    ep = grow_epilogue(g, root, s.seed, s.seed_operands, &leave);
+  }
   Match m;
   m.rule = rule;
   m.family = Family::gemm;
@@ -33,6 +61,14 @@ Attempt match_gemm_epilogue(const ir::Graph& g, int root) {
   // Where the tail stopped is worth knowing in `fact explain`.
   for (const auto& stop : ep.stops) a.misses.push_back(Miss{rule, root, root, 2, stop});
   return a;
+}
+
+}  // namespace
+
+Attempt match_gemm_epilogue(const ir::Graph& g, int root) { return match_gemm_epilogue_leaving(g, root, nullptr); }
+
+Attempt shrink_gemm_epilogue(const ir::Graph& g, int root, const std::vector<char>& taken) {
+  return match_gemm_epilogue_leaving(g, root, &taken);
 }
 
 }  // namespace fact::discover

@@ -180,8 +180,17 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   const int scaled = only_user(r);
   const Op want = g.node(r).op == Op::rsqrt ? Op::mul : Op::div;
   const auto scaled_ops = scaled < 0 ? std::vector<int>{} : g.operands(g.node(scaled));
+  // x itself, or what x widens exactly: T5 squares x.float() but multiplies x, promoted to f32.
+  int x_exact = -1;
+  if (ir::op_class(g.node(x).op) == OpClass::cast && !is_identity(g, g.node(x))) {
+    const int from = first_operand(g.node(x));
+    const std::string wide = ir::dtype_name(g.node(x).type().dtype);
+    const std::string narrow = from < 0 ? "" : ir::dtype_name(g.node(from).type().dtype);
+    if (wide == "f32" && (narrow == "bf16" || narrow == "f16")) x_exact = from;
+  }
+  auto is_x = [&](int o) { return o == x || (x_exact >= 0 && o == x_exact); };
   if (scaled < 0 || g.node(scaled).op != want || scaled_ops.size() != 2 ||
-      (scaled_ops[0] != x && scaled_ops[1] != x)) {
+      !(is_x(scaled_ops[0]) || is_x(scaled_ops[1]))) {
     return miss(rule, root, scaled < 0 ? r : scaled, 4, "x is not multiplied by the reciprocal RMS");
   }
   nodes.push_back(scaled);

@@ -49,6 +49,10 @@ AttentionSpec AttentionSpec::from_pattern(const json& p) {
   const json& a = p.at("attrs");
   const json& prob = p.at("problem");
   for (const auto& step : p.value("epilogue", json::array())) {
+    if (step == "bias") {
+      throw NotSupported("an additive score bias (a position bias or padding mask): CUTLASS's FMHA adds none; "
+                         "PyTorch's scaled_dot_product_attention takes it as attn_mask");
+    }
     if (!kSteps.count(step.get<std::string>())) {
       throw NotSupported("attention step '" + step.get<std::string>() + "' has no place in the fused kernel");
     }

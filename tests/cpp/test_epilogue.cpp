@@ -595,10 +595,10 @@ TEST_P(GrowEpilogue, FullOperandMadeFromAFullTensorIsNotRecomputed) {
   EXPECT_EQ(r.ep.operands[0].broadcast, "full");
 }
 
-// ENGINE BUG, disabled until fixed: grow_epilogue (engine/discover/epilogue.cpp, step 1) checks
-// how each extra operand broadcasts into a node's output, but not that the node's output has the
-// GEMM's shape. A node that broadcasts the GEMM result *up* (more elements than the GEMM writes)
-// is absorbed, and the plan then claims a [16, 8] GEMM epilogue produces a [2, 16, 8] tensor.
+// Regression test for a bug these tests found (since fixed): grow_epilogue
+// (engine/discover/epilogue.cpp, step 1) checked how each extra operand broadcasts into a node's
+// output, but not that the node's output has the GEMM's shape. A node that broadcasts the GEMM
+// result *up* (more elements than the GEMM writes) was absorbed, and the plan then claimed a [16, 8] GEMM epilogue produces a [2, 16, 8] tensor.
 TEST(GrowEpilogueBugs, AddThatBroadcastsTheGemmOutputUpIsNotAbsorbed) {
   auto b = linear_graph("f32", false);
   b.input("z", T("f32", {2, 16, 8}));

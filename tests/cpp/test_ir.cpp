@@ -299,11 +299,11 @@ TEST(IrLoad, ValueFactsAreRead) {
   EXPECT_FALSE(g.node(id_of(g, "x")).has_fact("value"));
 }
 
-// ENGINE BUG, disabled until fixed: docs/graph-format.md says a "value" fact is an argument
-// value, {"float": "-inf"} for -inf, and python/fact/tracer.py writes it that way
-// (facts["value"] = _value(t.item())). The loader (engine/ir/json_io.cpp, parse_node, the
-// "facts" loop) keeps only booleans and numbers and silently drops the object, so a lifted
-// -inf / inf / nan constant has no value fact.
+// Regression test for a bug these tests found (since fixed): docs/graph-format.md says a "value"
+// fact is an argument value, {"float": "-inf"} for -inf, and python/fact/tracer.py writes it
+// that way (facts["value"] = _value(t.item())). The loader (engine/ir/json_io.cpp, parse_node,
+// the "facts" loop) kept only booleans and numbers and silently dropped the object, so a lifted
+// -inf / inf / nan constant had no value fact.
 TEST(IrLoad, NonFiniteValueFactIsRead) {
   GraphBuilder b;
   b.input("x", T("f32", {4}));

@@ -69,6 +69,62 @@ TEST(Planner, AttentionBeatsTheQkGemmEpilogue) {
   expect_nothing_dropped(p);
 }
 
+// Two linears whose outputs meet: `tail` "relu" is relu(a @ w1 + b1 + m @ w2 + b2), where either
+// GEMM's tail can take the add and the relu; "parallel" is the parallel residual
+// x + (a @ w1 + b1) + (m @ w2 + b2), where a tail taking both adds would read two full tensors.
+GraphBuilder meeting_linears(const std::string& tail) {
+  GraphBuilder b;
+  const json t = T("bf16", {4096, 1024});
+  b.input("x", t);
+  b.input("a", t);
+  b.input("m", T("bf16", {4096, 4096}));
+  b.param("w1", T("bf16", {1024, 1024}));
+  b.param("b1", T("bf16", {1024}));
+  b.param("w2", T("bf16", {1024, 4096}));
+  b.param("b2", T("bf16", {1024}));
+  b.call("attn", "aten.linear.default", {N("a"), N("w1"), N("b1")}, t);
+  b.call("mlp", "aten.linear.default", {N("m"), N("w2"), N("b2")}, t);
+  if (tail == "relu") {
+    b.call("add", "aten.add.Tensor", {N("attn"), N("mlp")}, t);
+    b.call("out", "aten.relu.default", {N("add")}, t);
+  } else {
+    b.call("add", "aten.add.Tensor", {N("x"), N("attn")}, t);
+    b.call("out", "aten.add.Tensor", {N("add"), N("mlp")}, t);
+  }
+  b.outputs({"out"});
+  return b;
+}
+
+TEST(Planner, AGemmWhoseEpilogueLostKeepsWhatIsLeft) {
+  const auto p = plan(meeting_linears("relu"));
+  ASSERT_EQ(p.d.chosen.size(), 2u);
+  EXPECT_EQ(names(p.g, p.d.chosen[0].match.nodes), Names({"mlp", "add", "out"}));
+  EXPECT_EQ(p.d.chosen[0].match.epilogue, Names({"bias", "residual", "relu"}));
+  EXPECT_EQ(names(p.g, p.d.chosen[1].match.nodes), Names({"attn"}));
+  EXPECT_EQ(p.d.chosen[1].match.epilogue, Names({"bias"}));
+  std::string why;
+  const auto* lost = rejected(p, "gemm_epilogue", "attn", &why);
+  ASSERT_NE(lost, nullptr);
+  EXPECT_EQ(names(p.g, lost->match.nodes), Names({"attn", "add", "out"}));
+  EXPECT_EQ(why, "overlaps gemm_epilogue at 'mlp', which saves more; shrunk to what it leaves: epilogue bias");
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(Planner, AnEpilogueReadsOneFullTensorSoParallelResidualsSplit) {
+  const auto p = plan(meeting_linears("parallel"));
+  ASSERT_EQ(p.d.chosen.size(), 2u);
+  for (const auto& c : p.d.chosen) EXPECT_EQ(c.match.epilogue, Names({"bias", "residual"}));
+  const auto& first = p.d.chosen[0].match;
+  const auto& second = p.d.chosen[1].match;
+  EXPECT_EQ(names(p.g, first.root == *p.g.find("attn") ? first.nodes : second.nodes), Names({"attn", "add"}));
+  EXPECT_EQ(names(p.g, first.root == *p.g.find("mlp") ? first.nodes : second.nodes), Names({"mlp", "out"}));
+  EXPECT_TRUE(has_miss(p, "gemm_epilogue",
+                       "stops before 'out': it reads a second full-size tensor (the kernel reads one, as C)"));
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
 TEST(Planner, DisjointPatternsAreAllChosenBestFirst) {
   // Two independent linear+relu chains of different sizes.
   GraphBuilder b;

@@ -320,6 +320,50 @@ void expect_attention_problem(const discover::Match& m, int64_t heads, int64_t k
   EXPECT_EQ(m.problem.at("head_dim_v"), 8);
 }
 
+// Scores with an additive bias (T5's position bias, BERT's padding mask): `order` "scale_first"
+// adds it to the scaled scores (SDPA's attn_mask), "bias_first" scales the sum, bias included.
+GraphBuilder biased_attention_graph(const std::string& order) {
+  GraphBuilder b;
+  const json qkv = T("f32", {2, 4, 16, 8});
+  const json scores = T("f32", {2, 4, 16, 16});
+  b.input("q", qkv);
+  b.input("k", qkv);
+  b.input("v", qkv);
+  b.input("pad", T("f32", {2, 1, 1, 16}));
+  b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
+  b.call("s", "aten.matmul.default", {N("q"), N("kt")}, scores);
+  if (order == "scale_first") {
+    b.call("sc", "aten.mul.Tensor", {N("s"), 0.5}, scores);
+    b.call("biased", "aten.add.Tensor", {N("sc"), N("pad")}, scores);
+  } else {
+    b.call("sb", "aten.add.Tensor", {N("pad"), N("s")}, scores);
+    b.call("biased", "aten.mul.Tensor", {N("sb"), 0.5}, scores);
+  }
+  b.call("sm", "aten._softmax.default", {N("biased"), -1, false}, scores);
+  b.call("o", "aten.matmul.default", {N("sm"), N("v")}, qkv);
+  return b;
+}
+
+TEST(RuleAttention, AnAdditiveScoreBiasIsAnOperand) {
+  const auto p = plan(biased_attention_graph("scale_first"));
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"scale", "bias", "softmax"}));
+  ASSERT_EQ(m->operands.size(), 4u);
+  EXPECT_EQ(m->operands[3].role, "bias");
+  EXPECT_EQ(p.g.node(m->operands[3].node).name, "pad");
+  EXPECT_EQ(m->attrs.at("bias_shape"), json({2, 1, 1, 16}));
+  EXPECT_FALSE(m->attrs.at("causal").get<bool>());
+  EXPECT_DOUBLE_EQ(m->attrs.at("scale").get<double>(), 0.5);
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, ABiasAddedBeforeTheScaleIsAMiss) {
+  const auto p = plan(biased_attention_graph("bias_first"));
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "the score bias 'pad' is added before a scale"));
+}
+
 TEST(RuleAttention, HandWrittenWithTrilBufferMask) {
   const auto p = plan(attention_graph("tril"));
   const auto* m = only(p, Family::attention);
@@ -427,6 +471,29 @@ TEST(RuleAttention, SdpaExplicitScaleAndNoMask) {
   EXPECT_EQ(m->attrs.at("causal"), false);
   EXPECT_DOUBLE_EQ(m->attrs.at("scale").get<double>(), 0.125);
   expect_attention_problem(*m, 4, 4);
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, QReadsTheCopyThatAContiguousMakes) {
+  // nn.MultiheadAttention's packed in-projection: a transposed view, then .contiguous(), a copy
+  // whose strides are not the source's. Q is read from the copy; an identity contiguous of K is
+  // stepped over.
+  GraphBuilder b;
+  const json t = T("f32", {2, 4, 16, 8});
+  b.input("x", T("f32", {2, 16, 4, 8}));
+  b.input("k", t);
+  b.input("v", t);
+  b.call("xt", "aten.transpose.int", {N("x"), 1, 2}, T("f32", {2, 4, 16, 8}, std::vector<int64_t>{512, 8, 32, 1}));
+  b.call("q", "aten.contiguous.default", {N("xt")}, t);
+  b.call("kc", "aten.contiguous.default", {N("k")}, t);
+  b.call("at", "aten.scaled_dot_product_attention.default", {N("q"), N("kc"), N("v")}, t);
+  const auto p = plan(b);
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(p.g.node(m->operands[0].node).name, "q");
+  EXPECT_EQ(p.g.node(m->operands[1].node).name, "k");
+  EXPECT_EQ(names(p.g, m->nodes), Names({"kc", "at"}));
+  EXPECT_EQ(m->attrs.at("q_strides"), json({512, 128, 8, 1}));
   expect_nothing_dropped(p);
 }
 
@@ -586,6 +653,53 @@ TEST(RuleNorm, HandWrittenRmsNorm) {
   expect_nothing_dropped(p);
 }
 
+// T5's RMS norm squares x.float() but multiplies x itself (promoted to f32, the same values),
+// casts, then multiplies by the weight: the same norm. A narrowing cast is not the same values.
+GraphBuilder t5_rms_norm_graph(const std::string& x_dtype) {
+  GraphBuilder b("bf16");
+  const json f = T("f32", {4, 8, 64});
+  b.input("x", T(x_dtype, {4, 8, 64}));
+  b.param("w", T("bf16", {64}));
+  b.call("xf", "aten.to.dtype", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
+  b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
+  b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
+  b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
+  b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
+  b.call("y", "aten.mul.Tensor", {N("x"), N("r")}, f);
+  b.call("yt", "aten.to.dtype", {N("y")}, T("bf16", {4, 8, 64}), {{"dtype", DTypeArg("bf16")}});
+  b.call("out", "aten.mul.Tensor", {N("w"), N("yt")}, T("bf16", {4, 8, 64}));
+  return b;
+}
+
+TEST(RuleNorm, HandWrittenRmsNormThatMultipliesTheUncastInput) {
+  const auto p = plan(t5_rms_norm_graph("bf16"));
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "rms_norm_handwritten");
+  EXPECT_EQ(m->epilogue, Names({"weight"}));
+  EXPECT_EQ(names(p.g, m->nodes), Names({"xf", "p", "m", "a", "r", "y", "yt", "out"}));
+  EXPECT_EQ(p.g.node(m->operands[0].node).name, "x");
+  EXPECT_EQ(m->attrs.at("dtype_in"), "bf16");
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleNorm, HandWrittenRmsNormOfANarrowedInputIsAMiss) {
+  GraphBuilder b;
+  const json h = T("bf16", {4, 64});
+  const json r = T("bf16", {4, 1});
+  b.input("x", T("f32", {4, 64}));
+  b.call("xh", "aten.to.dtype", {N("x")}, h, {{"dtype", DTypeArg("bf16")}});
+  b.call("p", "aten.pow.Tensor_Scalar", {N("xh"), 2}, h);
+  b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, r);
+  b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, r);
+  b.call("rs", "aten.rsqrt.default", {N("a")}, r);
+  b.call("y", "aten.mul.Tensor", {N("x"), N("rs")}, T("f32", {4, 64}));
+  const auto p = plan(b);
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::norm);
+  EXPECT_TRUE(has_miss(p, "rms_norm_handwritten", "x is not multiplied by the reciprocal RMS"));
+}
+
 TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
   GraphBuilder b;
   const json t = T("f32", {4, 8, 64});
@@ -616,10 +730,10 @@ TEST(RuleNorm, MeanWithoutKeepdimIsAMiss) {
   EXPECT_EQ(names(p.g, p.d.uncovered), Names({"p", "m"}));
 }
 
-// ENGINE BUG, disabled until fixed: match_rms_norm_handwritten (engine/discover/rule_norm.cpp)
-// puts the square, the mean, the + eps and the rsqrt into the pattern without checking that
-// nothing else reads them: only_user() counts call users but ignores graph outputs, and the
-// square's users are never looked at. The fused norm then swallows a value the program needs.
+// Regression tests for a bug these tests found (since fixed): match_rms_norm_handwritten
+// (engine/discover/rule_norm.cpp) put the square, the mean, the + eps and the rsqrt into the
+// pattern without checking that nothing else reads them, so the fused norm swallowed a value
+// the program needs.
 GraphBuilder rms_norm_graph_with_extra_reader(const std::string& what) {
   GraphBuilder b;
   const json t = T("f32", {4, 64});
@@ -641,28 +755,28 @@ GraphBuilder rms_norm_graph_with_extra_reader(const std::string& what) {
 
 TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowASquareReadElsewhere) {
   const auto p = plan(rms_norm_graph_with_extra_reader("sum_of_square"));
-  expect_no_escaping_values(p);  // today: the norm covers 'sq', which 'total' still reads
+  expect_no_escaping_values(p);
 }
 
 TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowASquareThatIsReturned) {
   const auto p = plan(rms_norm_graph_with_extra_reader("sq"));
-  expect_no_escaping_values(p);  // today: the norm covers graph output 'sq'
+  expect_no_escaping_values(p);
 }
 
 TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowAMeanThatIsReturned) {
   const auto p = plan(rms_norm_graph_with_extra_reader("m"));
-  expect_no_escaping_values(p);  // today: the norm covers graph output 'm'
+  expect_no_escaping_values(p);
 }
 
-// ENGINE BUG, disabled until fixed: match_gated_mlp (engine/discover/rule_gated_mlp.cpp) with
-// activation_between (engine/discover/epilogue.cpp) checks the users of every activation node
-// except the activation's output itself, so act(x @ W1) is fused away even when it is also
-// returned or read by another node.
+// Regression tests for a bug these tests found (since fixed): match_gated_mlp
+// (engine/discover/rule_gated_mlp.cpp) with activation_between (engine/discover/epilogue.cpp)
+// checked the users of every activation node except the activation's output itself, so
+// act(x @ W1) was fused away even when it is also returned or read by another node.
 TEST(RuleGatedMlp, ActivationThatIsAlsoReturnedIsNotSwallowed) {
   auto b = gated_mlp_graph("f32", "silu");
   b.outputs({"out", "a"});
   const auto p = plan(b);
-  expect_no_escaping_values(p);  // today: gated_mlp covers graph output 'a'
+  expect_no_escaping_values(p);
 }
 
 TEST(RuleGatedMlp, HandWrittenActivationReadElsewhereIsNotSwallowed) {
@@ -670,7 +784,7 @@ TEST(RuleGatedMlp, HandWrittenActivationReadElsewhereIsNotSwallowed) {
   b.call("other", "aten.sum.default", {N("a")}, T("f32", {}));
   b.outputs({"out", "other"});
   const auto p = plan(b);
-  expect_no_escaping_values(p);  // today: gated_mlp covers 'a', which 'other' still reads
+  expect_no_escaping_values(p);
 }
 
 // ---------------------------------------------------------------------------------------------
