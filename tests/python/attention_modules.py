@@ -70,3 +70,37 @@ class GqaAttention(nn.Module):
             probs = F.softmax((scores + mask).float(), dim=-1).type_as(q)
             y = torch.matmul(probs, v)
         return self.wo(y.transpose(1, 2).contiguous().view(b, s, -1))
+
+
+class BiasedAttention(nn.Module):
+    """Attention with an additive score bias, as two encoders write it.
+
+    kind "position": T5's, a learned (1, heads, seq, seq) position bias added to unscaled
+    scores, the softmax in f32 and cast back with .type_as(scores).
+    kind "padding": BERT's, a (batch, seq) 0/1 mask input made additive as
+    (1 - mask[:, None, None, :]) * finfo.min and added to the scaled scores."""
+
+    def __init__(self, kind: str, width: int = 64, heads: int = 4, seq: int = 24):
+        super().__init__()
+        self.kind, self.heads = kind, heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        if kind == "position":
+            self.position_bias = nn.Parameter(torch.randn(1, heads, seq, seq))
+
+    def forward(self, x, mask=None):
+        b, s, c = x.shape
+        q, k, v = (
+            t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(c, dim=2)
+        )
+        if self.kind == "position":
+            scores = torch.matmul(q, k.transpose(3, 2)) + self.position_bias
+            probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(c // self.heads)
+            additive = (1.0 - mask[:, None, None, :].to(scores.dtype)) * torch.finfo(
+                scores.dtype
+            ).min
+            probs = torch.softmax(scores + additive, dim=-1)
+        y = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, c)
+        return self.out(y)

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fact
-from attention_modules import GqaAttention, HandWrittenAttention
+from attention_modules import BiasedAttention, GqaAttention, HandWrittenAttention
 from fact.compose import report as report_mod
 from fact.compose.impls import (
     AttentionImpl,
@@ -1052,6 +1052,41 @@ def test_report_writes_markdown_json_and_a_rendered_chart(ref_opt, tmp_path):
     assert len(data) > 10_000
 
 
+def test_guard_runs_the_original_module_where_it_is_faster(ref_opt, monkeypatch):
+    """Step 8: every pattern won in context, yet the whole composed module can lose to the
+    original (an eager fast path, host time). The guard times both; the slower composed module
+    gives way to the original, which then answers every call, and the report says so."""
+    import copy as copy_mod
+
+    from fact.compose.optimize import guard
+
+    model, x, opt, _ = ref_opt
+    opt = copy_mod.copy(opt)
+    slow = copy_mod.copy(opt)
+    real_run = opt.run_graph
+
+    def run_graph_slowly(*args, **kwargs):
+        time.sleep(0.02)
+        return real_run(*args, **kwargs)
+
+    object.__setattr__(slow, "run_graph", run_graph_slowly)
+    g = guard(slow, [x])
+    assert g["chosen"] == "original" and g["fact_us"] > g["original_us"] + 15_000, g
+    assert len(g["fact_turns_us"]) == len(g["original_turns_us"]) == 3
+    slow.use_original = True
+    calls_made = []
+    monkeypatch.setattr(slow, "run_graph", lambda *a, **k: calls_made.append(1))
+    assert torch.equal(slow(x), eager(model, x)) and not calls_made
+
+    report = json.loads(json.dumps(opt.report, default=str))
+    report["guard"] = g
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    assert "**The module runs the original model**" in md
+    report["guard"] = dict(g, chosen="fact")
+    md = report_mod.markdown({"problem": "p", "results": [], "optimize": report})
+    assert "runs the original model" not in md
+
+
 def test_report_note_names_the_runner_up(ref_opt):
     """The note column says which verified candidate came next and its time, so a reader sees
     the margin of each choice (e.g. SDPA chosen over a generated attention kernel)."""
@@ -1565,6 +1600,16 @@ def test_fresh_inputs_keep_masks_of_minus_infinity():
     assert bool(torch.isfinite(fresh[:, :2]).all()) and not torch.equal(fresh[:, :2], mask[:, :2])
 
 
+def test_fresh_inputs_shuffle_a_mask_of_zeros_and_ones():
+    """A 0/1 padding mask held as floats stays a 0/1 mask, with as many ones, rearranged."""
+    mask = torch.ones(8, 32)
+    mask[1::2, -12:] = 0
+    (fresh,) = fresh_inputs([mask], seed=0)
+    assert set(fresh.unique().tolist()) == {0.0, 1.0} and fresh.sum() == mask.sum()
+    assert not torch.equal(fresh, mask)
+    assert torch.equal(fresh_inputs([mask], seed=0)[0], fresh)
+
+
 def test_dtype_mismatch_is_an_error():
     a = torch.ones(3)
     assert rel_err(a.to(torch.bfloat16), a) == math.inf
@@ -1960,6 +2005,40 @@ def test_attention_twin_and_library_sdpa_are_both_checked(engine_available, tmp_
     assert len(calls(opt.graph_module, ATTENTION_OP) + calls(opt.graph_module, SDPA)) == 1
     y = torch.randn_like(x)
     assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["position", "padding"])
+def test_attention_with_an_additive_bias_runs_as_sdpa_with_attn_mask(
+    engine_available, tmp_path, kind
+):
+    """T5's position bias and BERT's padding mask: one attention pattern with a bias step and a
+    bias operand; the FMHA kernels refuse it, SDPA takes the bias as its attn_mask."""
+    torch.manual_seed(35)
+    model = BiasedAttention(kind).eval()
+    x, mask = torch.randn(2, 24, 64), torch.ones(2, 24)
+    mask[1, -8:] = 0
+    inputs = [x] if kind == "position" else [x, mask]
+    plan = fact.discover(model, inputs)
+    (pattern,) = [p for p in plan["patterns"] if p["family"] == "attention"]
+    assert pattern["epilogue"] == (
+        ["bias", "softmax"] if kind == "position" else ["scale", "bias", "softmax"]
+    )
+    assert [o["role"] for o in pattern["operands"]] == ["q", "k", "v", "bias"]
+    assert pattern["attrs"]["bias_shape"] == (
+        [1, 4, 24, 24] if kind == "position" else [2, 1, 1, 24]
+    )
+    with pytest.raises(NotSupportedError, match="an additive score bias"):
+        AttentionImpl(pattern, "reference")
+    opt = fact.optimize(model, inputs, require_faster=False, use_cache=False,
+                        run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    assert att["chosen"] == "sdpa", att
+    (call,) = calls(opt.graph_module, SDPA)
+    assert call.kwargs.get("attn_mask") is not None and not call.kwargs.get("is_causal")
+    y, m = torch.randn_like(x), torch.ones_like(mask)
+    m[0, -5:] = 0
+    again = [y] if kind == "position" else [y, m]
+    assert rel_err(opt(*again), eager(model, *again)) < 1e-5
 
 
 def test_sdpa_pattern_has_no_library_twin_but_a_generated_one(engine_available):

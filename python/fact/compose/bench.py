@@ -348,10 +348,18 @@ def run_bench(
     if compile_baseline:
         say("torch.compile (default mode): compiling")
         modules.append(("torch.compile", torch.compile(model), ""))
-    modules.append(("fact", opt, "CUDA graph replay" if opt.cuda_graphs else "plain launches"))
+    mode = "CUDA graph replay" if opt.cuda_graphs else "plain launches"
+    if opt.use_original:  # optimize's guard (step 8): the original ran faster than FACT's
+        mode = "the original module, which ran faster than the composed one in optimize"
+    modules.append(("fact", opt, mode))
+    if opt.use_original:
+        composed = copy.copy(opt)
+        composed.use_original = False
+        modules.append(("fact, composed (not chosen)", composed, ""))
     replay = opt.report.get("replay") or {}
     if cuda_graphs and not replay.get("error"):  # the launch mode optimize did not choose
         other = copy.copy(opt)
+        other.use_original = False
         other.cuda_graphs = not opt.cuda_graphs
         modules.append(
             ("fact (CUDA graph)" if other.cuda_graphs else "fact (no CUDA graph)", other, "")

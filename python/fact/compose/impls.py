@@ -7,7 +7,9 @@
   AttentionImpl     a generated fused attention kernel (CUTLASS FMHA) or its reference twin,
                     through fact::attention, for hand-written attention and SDPA calls alike
   SdpaAttention     PyTorch's fused scaled_dot_product_attention, a library kernel, for
-                    hand-written attention (Q, K, V read in place from the graph's views)
+                    hand-written attention (Q, K, V read in place from the graph's views; an
+                    additive score bias, such as a position bias or a padding mask, as its
+                    attn_mask)
   NormImpl          a generated row-norm kernel or its reference twin, through fact::norm
   RmsNormLibrary    PyTorch's rms_norm for a hand-written RMSNorm
   PointwiseImpl     a generated pointwise kernel (a region of elementwise ops, e.g. RoPE) or
@@ -387,7 +389,7 @@ class GatedGemmImpl(GemmImpl):
 # ---------------------------------------------------------------------------------------------
 # Attention
 
-_ATTENTION_STEPS = {"scale", "causal_mask", "softmax", "dropout"}
+_ATTENTION_STEPS = {"scale", "bias", "causal_mask", "softmax", "dropout"}
 _SDPA = aten.scaled_dot_product_attention.default
 _RESHAPES = {aten.reshape.default, aten.view.default, aten._unsafe_view.default}
 _SCALES = {aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar}
@@ -574,8 +576,10 @@ def _attention_steps(pattern: Mapping[str, Any]) -> None:
 
 
 class SdpaAttention(Impl):
-    """Hand-written attention (matmul, scale, causal mask, softmax, matmul) as one call of
-    torch's scaled_dot_product_attention on the graph's own Q, K, V views."""
+    """Hand-written attention (matmul, scale, causal mask or additive bias, softmax, matmul) as
+    one call of torch's scaled_dot_product_attention on the graph's own Q, K, V views. An
+    additive bias (T5's position bias, BERT's padding mask) is its attn_mask, in Q's dtype: the
+    scores are scaled first, then the bias added, as the pattern's step order says."""
 
     def __init__(self, pattern: Mapping[str, Any]):
         if pattern.get("rule") == "attention_sdpa":
@@ -583,14 +587,28 @@ class SdpaAttention(Impl):
         _attention_steps(pattern)
         attrs = pattern.get("attrs") or {}
         self.causal = bool(attrs.get("causal"))
+        self.bias = "bias" in (pattern.get("epilogue") or [])
+        if self.bias and self.causal:
+            raise NotSupportedError(
+                "a score bias and a causal mask: SDPA takes is_causal or an attn_mask, not both"
+            )
         self.scale = float(attrs.get("scale", 0.0)) or None
-        super().__init__("sdpa", "library", {"causal": self.causal, "scale": self.scale})
+        detail = {"causal": self.causal, "scale": self.scale}
+        if self.bias:
+            detail["bias"] = list(attrs.get("bias_shape") or [])
+        super().__init__("sdpa", "library", detail)
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         io = attention_io(graph, reg, pattern, unrepeat=False)
-        attn = graph.call_function(
-            _SDPA, (io.q, io.k, io.v), {"is_causal": self.causal, "scale": self.scale}
-        )
+        kwargs: dict[str, Any] = {"is_causal": self.causal, "scale": self.scale}
+        if self.bias:
+            bias = role_input(reg, pattern, "bias")
+            q_val, b_val = io.q.meta.get("val"), bias.meta.get("val")
+            if isinstance(q_val, torch.Tensor) and isinstance(b_val, torch.Tensor):
+                if b_val.dtype != q_val.dtype:
+                    bias = graph.call_function(aten.to.dtype, (bias, q_val.dtype))
+            kwargs["attn_mask"] = bias
+        attn = graph.call_function(_SDPA, (io.q, io.k, io.v), kwargs)
         return copy_tail(graph, reg, io.value, attn)
 
 
@@ -604,6 +622,8 @@ class AttentionImpl(Impl):
 
     def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
         _attention_steps(pattern)
+        if "bias" in (pattern.get("epilogue") or []):
+            raise NotSupportedError("an additive score bias: the FMHA kernels add none")
         problem = pattern.get("problem") or {}
         attrs = pattern.get("attrs") or {}
         d = int(problem.get("head_dim", 0))

@@ -18,6 +18,10 @@ reads top to bottom as the pipeline runs:
   6. verify     the composed module against the model in float64 on fresh random inputs; a
                 pattern that breaks it falls back to PyTorch, and the report says so
   7. replay     a whole-module CUDA graph where the inputs' shapes are static
+  8. guard      the composed module against the original one, both timed on the example
+                inputs; where the original is faster (a fast path eager has that the exported
+                graph lacks, host time the kernels do not win back), the module runs the
+                original and the report says so
 
 Decisions are cached by the graph's content (with precision, GPU and FACT version), so a second
 optimize of the same module skips steps 2-4: it compiles and tunes nothing.
@@ -165,6 +169,9 @@ class OptimizedModule(nn.Module):
         self.report = report
         self.cuda_graphs = cuda_graphs
         self.pdl = True
+        # Step 8: True where the original module ran faster than the composed one (guard);
+        # set it False to run FACT's kernels anyway.
+        self.use_original = False
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_graph_module", graph_module)
         # What real-tensor calls run: fact ops called directly, and the work on parameters
@@ -204,6 +211,8 @@ class OptimizedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
+            if self.use_original:
+                return self.original(*args, **kwargs)
             flat = self._program.flatten(args, kwargs)
             state = self._program.state_inputs()  # once per call: guard, replay key, graph
             if self._built_for is not None and self._unlike_build(flat, state):
@@ -546,7 +555,10 @@ def compose(program: Program, plan: Mapping[str, Any], decisions: Sequence[Mappi
 
 
 def fresh_inputs(example: Sequence[Any], seed: int) -> list[Any]:
-    """Random inputs shaped like the examples: floating tensors ~ N(mean, std) of the example;
+    """Random inputs shaped like the examples: floating tensors ~ N(mean, std) of the example,
+    except finite ones holding two distinct values or fewer (a 0/1 padding mask kept as floats,
+    which a model turns into an additive bias with (1 - mask) * finfo.min: values outside
+    {0, 1} would make it a huge positive bias), whose values are shuffled;
     integer and boolean tensors (token ids, masks) and non-tensors are reused as given."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
@@ -554,6 +566,9 @@ def fresh_inputs(example: Sequence[Any], seed: int) -> list[Any]:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             return t
         t = t.detach()
+        if t.numel() > 1 and bool(torch.isfinite(t).all()) and torch.unique(t).numel() <= 2:
+            order = torch.randperm(t.numel(), generator=gen).to(t.device)
+            return t.reshape(-1)[order].reshape(t.shape)
         finite = torch.isfinite(t)
         values = t[finite].float()
         std = float(values.std()) if values.numel() > 1 else 1.0
@@ -1003,6 +1018,18 @@ def _optimize_once(
             f"CUDA graph replay {report['replay']['graph_us']:.0f} us, plain launches "
             f"{report['replay']['launch_us']:.0f} us: {report['replay']['chosen']}"
         )
+    if device.type == "cuda" and require_faster:
+        report["guard"] = guard(opt, example)
+        opt.use_original = report["guard"]["chosen"] == "original"
+        progress(
+            f"the composed module {report['guard']['fact_us']:.0f} us, the original "
+            f"{report['guard']['original_us']:.0f} us: "
+            + (
+                "it runs the original module (set use_original = False to run FACT's anyway)"
+                if opt.use_original
+                else "FACT's"
+            )
+        )
     (run / "optimize.json").write_text(json.dumps(json_ready(report), indent=1) + "\n")
     (run / "transcript.txt").write_text("\n".join(progress.lines) + "\n")
     progress(
@@ -1059,6 +1086,32 @@ def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any
         "chosen": chosen,
         "graph_turns_us": turns[True],
         "launch_turns_us": turns[False],
+    }
+
+
+def guard(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:
+    """Step 8: the composed module (in the launch mode step 7 chose) and the original module,
+    CHECK_ROUNDS turns each starting alternately, on the example inputs. Every pattern was
+    faster in context, but the whole can still lose: eager may take a fast path the exported
+    graph does not (nn.MultiheadAttention's fused inference path), and host time spent on
+    launches is not in any pattern's timing. The module runs the original where its median is
+    lower."""
+    device = _device_of(example)
+    runs = {"fact": lambda: opt(*example), "original": lambda: opt.original(*example)}
+    turns: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.no_grad():
+        for run in runs.values():
+            run()  # warm up
+        for r in range(CHECK_ROUNDS):
+            for name in runs if r % 2 == 0 else reversed(runs):
+                turns[name].append(time_us(runs[name], device))
+    times = {name: statistics.median(t) for name, t in turns.items()}
+    return {
+        "fact_us": times["fact"],
+        "original_us": times["original"],
+        "chosen": "original" if times["original"] < times["fact"] else "fact",
+        "fact_turns_us": turns["fact"],
+        "original_turns_us": turns["original"],
     }
 
 

@@ -77,6 +77,17 @@ def markdown(bench: Mapping[str, Any]) -> str:
         f"({'warm: decisions reused' if opt.get('warm') else 'cold'}, "
         f"{opt.get('seconds', 0):.1f} s to optimize; CUDA graph replay "
         f"{'on' if opt.get('cuda_graphs') else 'off'}).",
+    ]
+    guard = opt.get("guard") or {}
+    if guard.get("chosen") == "original":
+        lines += [
+            "",
+            f"**The module runs the original model**: in optimize's last check the composed "
+            f"module took {_ms(guard.get('fact_us'))} ms and the original "
+            f"{_ms(guard.get('original_us'))} ms on the example inputs (set `use_original = "
+            f"False` to run FACT's kernels anyway).",
+        ]
+    lines += [
         "",
         "| # | pattern | runs as | PyTorch subgraph (ms) | FACT (ms) | speedup | error | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
