@@ -12,6 +12,9 @@
 # rope-bf16 and swiglu-bf16 bench the pointwise family alone: Llama's RoPE on Q and its SwiGLU
 # product, each a one-region module (bench/problems/).
 #
+# Jobs named after a file of bench/zoo/ (vit-bf16, t5-fp16, bert-tf32, ...: NAME-DTYPE for
+# bench/zoo/NAME_block.py) bench the blocks FACT was not developed against, the generality check.
+#
 # `attention` is issue 4's kernel benchmark instead: the CUTLASS FMHA candidates for the MiniGPT
 # and Llama attention shapes, realized here, then verified and timed against SDPA and the
 # hand-written eager attention by bench/gemm_bench.py.
@@ -49,6 +52,11 @@ for job in "$@"; do
     llama-fp32) args=(examples/llama3_block.py --dtype fp32 --precision highest) ;;
     rope-bf16) args=(bench/problems/rope_llama.py --dtype bf16 --precision high) ;;
     swiglu-bf16) args=(bench/problems/swiglu_product.py --dtype bf16 --precision high) ;;
+    *-bf16 | *-fp16 | *-tf32)
+      zoo=bench/zoo/${base%-*}_block.py dtype=${base##*-} precision=high
+      [ -f "$zoo" ] || { echo "unknown job $job (no $zoo)" >&2; exit 2; }
+      [ "$dtype" = tf32 ] && dtype=fp32
+      args=("$zoo" --dtype "$dtype" --precision "$precision") ;;
     *) echo "unknown job $job" >&2; exit 2 ;;
   esac
   echo "== $job: fact bench ${args[*]} ${flags[*]}"

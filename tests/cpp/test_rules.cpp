@@ -322,13 +322,19 @@ void expect_attention_problem(const discover::Match& m, int64_t heads, int64_t k
 
 // Scores with an additive bias (T5's position bias, BERT's padding mask): `order` "scale_first"
 // adds it to the scaled scores (SDPA's attn_mask), "bias_first" scales the sum, bias included.
-GraphBuilder biased_attention_graph(const std::string& order) {
+// Inputs q, k, v of [2, 4, 16, 8] (f32): the attention graphs below start from them.
+const json kQkv = T("f32", {2, 4, 16, 8});
+const json kScores = T("f32", {2, 4, 16, 16});
+GraphBuilder qkv_inputs() {
   GraphBuilder b;
-  const json qkv = T("f32", {2, 4, 16, 8});
-  const json scores = T("f32", {2, 4, 16, 16});
-  b.input("q", qkv);
-  b.input("k", qkv);
-  b.input("v", qkv);
+  for (const char* name : {"q", "k", "v"}) b.input(name, kQkv);
+  return b;
+}
+
+GraphBuilder biased_attention_graph(const std::string& order) {
+  GraphBuilder b = qkv_inputs();
+  const json& qkv = kQkv;
+  const json& scores = kScores;
   b.input("pad", T("f32", {2, 1, 1, 16}));
   b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
   b.call("s", "aten.matmul.default", {N("q"), N("kt")}, scores);
@@ -402,12 +408,9 @@ TEST(RuleAttention, HandWrittenWithAdditiveTriuMask) {
 }
 
 TEST(RuleAttention, WhereWithTrilBufferAndScaleOnQ) {
-  GraphBuilder b;
-  const json qkv = T("f32", {2, 4, 16, 8});
-  const json scores = T("f32", {2, 4, 16, 16});
-  b.input("q", qkv);
-  b.input("k", qkv);
-  b.input("v", qkv);
+  GraphBuilder b = qkv_inputs();
+  const json& qkv = kQkv;
+  const json& scores = kScores;
   b.buffer("tril", T("bool", {16, 16}), {{"tril", true}});
   b.call("qs", "aten.div.Tensor", {N("q"), std::sqrt(8.0)}, qkv);
   b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
@@ -614,25 +617,32 @@ TEST(RuleNorm, LayerNormOverTwoDimsIsAMiss) {
   EXPECT_EQ(names(p.g, p.d.uncovered), Names({"ln"}));
 }
 
-// Llama's RMSNorm: weight * (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim) + eps)).type_as(x)
-GraphBuilder llama_rms_norm_graph() {
+// Llama's RMSNorm: weight * (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim) + eps)).type_as(x);
+// `form` "t5" is T5's, which squares x.float() but multiplies x itself (promoted to f32, the same
+// values), then casts with .to(): the same norm.
+GraphBuilder rms_norm_graph(const std::string& form = "llama") {
+  const bool t5 = form == "t5";
   GraphBuilder b("bf16");
   const json f = T("f32", {4, 8, 64});
   b.input("x", T("bf16", {4, 8, 64}));
   b.param("w", T("bf16", {64}));
-  b.call("xf", "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
+  b.call("xf", t5 ? "aten.to.dtype" : "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
   b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
   b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
   b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
   b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
-  b.call("y", "aten.mul.Tensor", {N("xf"), N("r")}, f);
-  b.call("yt", "aten.type_as.default", {N("y"), N("x")}, T("bf16", {4, 8, 64}));
+  b.call("y", "aten.mul.Tensor", {N(t5 ? "x" : "xf"), N("r")}, f);
+  if (t5) {
+    b.call("yt", "aten.to.dtype", {N("y")}, T("bf16", {4, 8, 64}), {{"dtype", DTypeArg("bf16")}});
+  } else {
+    b.call("yt", "aten.type_as.default", {N("y"), N("x")}, T("bf16", {4, 8, 64}));
+  }
   b.call("out", "aten.mul.Tensor", {N("w"), N("yt")}, T("bf16", {4, 8, 64}));
   return b;
 }
 
 TEST(RuleNorm, HandWrittenRmsNorm) {
-  const auto p = plan(llama_rms_norm_graph());
+  const auto p = plan(rms_norm_graph());
   const auto* m = only(p, Family::norm);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->rule, "rms_norm_handwritten");
@@ -653,26 +663,9 @@ TEST(RuleNorm, HandWrittenRmsNorm) {
   expect_nothing_dropped(p);
 }
 
-// T5's RMS norm squares x.float() but multiplies x itself (promoted to f32, the same values),
-// casts, then multiplies by the weight: the same norm. A narrowing cast is not the same values.
-GraphBuilder t5_rms_norm_graph(const std::string& x_dtype) {
-  GraphBuilder b("bf16");
-  const json f = T("f32", {4, 8, 64});
-  b.input("x", T(x_dtype, {4, 8, 64}));
-  b.param("w", T("bf16", {64}));
-  b.call("xf", "aten.to.dtype", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
-  b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
-  b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
-  b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
-  b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
-  b.call("y", "aten.mul.Tensor", {N("x"), N("r")}, f);
-  b.call("yt", "aten.to.dtype", {N("y")}, T("bf16", {4, 8, 64}), {{"dtype", DTypeArg("bf16")}});
-  b.call("out", "aten.mul.Tensor", {N("w"), N("yt")}, T("bf16", {4, 8, 64}));
-  return b;
-}
-
+// A narrowing cast is not the same values: see HandWrittenRmsNormOfANarrowedInputIsAMiss.
 TEST(RuleNorm, HandWrittenRmsNormThatMultipliesTheUncastInput) {
-  const auto p = plan(t5_rms_norm_graph("bf16"));
+  const auto p = plan(rms_norm_graph("t5"));
   const auto* m = only(p, Family::norm);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->rule, "rms_norm_handwritten");

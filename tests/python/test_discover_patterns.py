@@ -111,6 +111,60 @@ def test_minigpt_block(engine_available, tmp_path, dtype):
     assert plan["patterns"][0]["est_saving_us"] >= plan["patterns"][-1]["est_saving_us"]
 
 
+# Blocks FACT was not developed against (bench/zoo/): what each plans, and what is left to
+# PyTorch and why.
+ZOO = {
+    "t5": {
+        ("norm", ("weight",)): 2,  # T5's RMS norm: x.float() squared, x itself multiplied
+        ("attention", ("bias", "softmax")): 1,  # position bias, no scale: SDPA's attn_mask
+        ("horizontal_gemm", ()): 1,
+        ("gemm", ("relu",)): 1,
+        ("gemm", ("residual",)): 2,
+    },
+    "bert": {
+        ("attention", ("scale", "bias", "softmax")): 1,  # the padding mask, made additive
+        ("pointwise", ("sub", "mul")): 1,  # (1 - mask) * finfo.min, the bias's own kernel
+        ("horizontal_gemm", ("bias",)): 1,
+        ("gemm", ("bias", "gelu_erf")): 1,
+        ("gemm", ("bias", "residual")): 2,
+        ("norm", ("weight", "bias")): 2,
+    },
+    "neox": {  # x + attn(ln1(x)) + mlp(ln2(x)): one residual add for each projection's tail
+        ("gemm", ("bias",)): 1,
+        ("gemm", ("bias", "gelu_erf")): 1,
+        ("gemm", ("bias", "residual")): 2,
+        ("attention", ("scale", "causal_mask", "softmax")): 1,
+        ("norm", ("weight", "bias")): 2,
+    },
+    "vit": {  # nn.MultiheadAttention's export: in_proj, SDPA, out_proj on (seq, batch) rows
+        ("gemm", ("bias",)): 2,
+        ("gemm", ("bias", "gelu_erf")): 1,
+        ("gemm", ("bias", "residual")): 1,
+        ("attention", ("scale", "softmax")): 1,
+        ("norm", ("weight", "bias")): 2,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_block(engine_available, tmp_path, name):
+    from fact.problem import import_problem_module
+
+    module = import_problem_module(REPO / "bench" / "zoo" / f"{name}_block.py")
+    plan, graph = plan_for(module.Model(), module.get_inputs(), "bf16", tmp_path)
+    assert found(plan) == Counter(ZOO[name])
+    assert_nothing_dropped(plan, graph)
+    left = [n["name"] for n in plan["pytorch_nodes"]]
+    # ViT: the packed in-projection's contiguous() copy, which the attention reads, and the
+    # first residual add, which reads the out-projection through a (seq, batch) transpose
+    assert left == (["contiguous", "add"] if name == "vit" else [])
+    attn = only(plan, "attention")
+    if name == "vit":  # Q, K, V read from the copy MHA's packed in-projection makes
+        assert {attn["attrs"][f"{t}_source"] for t in "qkv"} == {"contiguous"}
+    if "bias" in attn["epilogue"]:
+        assert attn["operands"][-1]["role"] == "bias"
+
+
 LLAMA_SMALL = dict(dim=256, n_heads=8, n_kv_heads=2, ffn=512, max_seq=64)
 
 
