@@ -1,5 +1,5 @@
-// Attention: softmax(scale * Q @ K^T [+ causal mask]) @ V, written by hand or as
-// scaled_dot_product_attention. The matcher steps over the views between the projections and
+// Attention: softmax(scale * Q @ K^T [+ causal mask | + additive bias]) @ V, written by hand or
+// as scaled_dot_product_attention. The matcher steps over the views between the projections and
 // the attention (split, view, transpose, GQA's expand/reshape or repeat_interleave) so the
 // fused kernel reads Q, K and V in place, with the strides recorded in the plan.
 #include <algorithm>
@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "discover/catalog.h"
+#include "discover/epilogue.h"
 #include "discover/views.h"
 
 namespace fact::discover {
@@ -255,7 +256,11 @@ bool reaches_gemm(const Graph& g, int id, int depth) {
 // made additive): a tensor that broadcasts to the scores and is not computed from Q @ K^T,
 // while the other operand is; -1 if neither.
 int score_bias_side(const Graph& g, const Node& add, const std::vector<int>& ops) {
-  if (add.outputs.size() != 1) return -1;
+  double alpha = 1.0;
+  const Arg* a = add.arg(2, "alpha");
+  if (add.outputs.size() != 1 || (a && a->kind != Arg::Kind::none && (!scalar_value(g, *a, alpha) || alpha != 1.0))) {
+    return -1;  // scores + alpha * bias: SDPA's attn_mask is added as it is
+  }
   const auto& scores = add.type().shape;
   for (int side = 1; side >= 0; --side) {
     const auto& b = g.node(ops[static_cast<size_t>(side)]);
@@ -267,7 +272,9 @@ int score_bias_side(const Graph& g, const Node& add, const std::vector<int>& ops
       broadcasts = broadcasts && (shape[d] == want || shape[d] == 1);
     }
     const int other = ops[static_cast<size_t>(1 - side)];
-    if (broadcasts && !reaches_gemm(g, b.id, 8) && reaches_gemm(g, other, 8)) return side;
+    // The scores themselves must not be broadcast up by the bias (SDPA's output keeps Q's rows).
+    const bool scores_whole = g.node(other).outputs.size() == 1 && g.node(other).type().shape == scores;
+    if (broadcasts && scores_whole && !reaches_gemm(g, b.id, 8) && reaches_gemm(g, other, 8)) return side;
   }
   return -1;
 }
@@ -392,13 +399,16 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
   const auto pv_ops = g.operands(g.node(pv));
   if (pv_ops.size() != 2) return miss(rule, root, pv, progress, "P @ V does not have two tensor operands");
   steps.push_back("softmax");
-  // single_use let dtype-only readers pass: they must be inside the pattern too.
+  // single_use let dtype-only readers pass: they must be inside the pattern too. And nothing
+  // outside may read a node inside but P @ V's one reader (the views to the output).
   for (int id : nodes) {
     for (int u : g.node(id).users) {
-      if (std::find(nodes.begin(), nodes.end(), u) == nodes.end() && value_user(g, id) != u) {
-        return miss(rule, root, u, progress, "'" + g.node(u).name + "' reads the dtype of '" + g.node(id).name +
-                                                 "' inside the attention");
-      }
+      if (std::find(nodes.begin(), nodes.end(), u) != nodes.end() || value_user(g, id) == u) continue;
+      const auto ops = g.operands(g.node(u));
+      const bool dtype_only = g.node(u).op == Op::type_as && ops.size() == 2 && ops[1] == id && ops[0] != id;
+      return miss(rule, root, u, progress,
+                  "'" + g.node(u).name + (dtype_only ? "' reads the dtype of '" : "' also reads '") + g.node(id).name +
+                      "' inside the attention");
     }
   }
   Attempt a;
@@ -406,7 +416,7 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
                                       nodes, steps, chains));
   if (bias >= 0) {
     Match& m = a.matches.back();
-    m.operands.push_back(Operand{"bias", bias, "full"});
+    m.operands.push_back(Operand{"bias", bias, broadcast_kind(g.node(bias).type(), g.node(root).type())});
     m.attrs["bias_shape"] = g.node(bias).type().shape;
     m.attrs["bias_dtype"] = ir::dtype_name(g.node(bias).type().dtype);
   }

@@ -10,9 +10,10 @@ namespace fact::discover {
 
 namespace {
 
-// The tail node that first reads a second full-size operand, in program order; -1 if the tail
-// reads at most one (the GEMM kernel fetches one full tensor, CUTLASS's C).
-int second_full_reader(const ir::Graph& g, const Epilogue& ep) {
+// The tail node that first reads a second full-size operand, in program order, counting one the
+// GEMM op itself reads (addmm's C); -1 if there is at most one (the GEMM kernel fetches one
+// full tensor, CUTLASS's C).
+int second_full_reader(const ir::Graph& g, int gemm, const Epilogue& ep) {
   std::vector<int> full;
   for (const auto& o : ep.operands) {
     if (o.broadcast == "full") full.push_back(o.node);
@@ -21,6 +22,9 @@ int second_full_reader(const ir::Graph& g, const Epilogue& ep) {
   std::vector<int> tail = ep.nodes;
   std::sort(tail.begin(), tail.end());
   std::vector<int> seen;
+  for (int o : g.operands(g.node(gemm))) {
+    if (std::count(full.begin(), full.end(), o) && !std::count(seen.begin(), seen.end(), o)) seen.push_back(o);
+  }
   for (int id : tail) {
     for (int o : g.operands(g.node(id))) {
       if (std::count(full.begin(), full.end(), o) && !std::count(seen.begin(), seen.end(), o)) seen.push_back(o);
@@ -37,7 +41,7 @@ Attempt match_gemm_epilogue_leaving(const ir::Graph& g, int root, const std::vec
   if (!gemm_shape(g, root, s, why)) return miss(rule, root, root, 1, "'" + g.node(root).name + "' " + why);
   std::vector<char> leave = taken ? *taken : std::vector<char>(static_cast<size_t>(g.size()), 0);
   auto ep = grow_epilogue(g, root, s.seed, s.seed_operands, &leave);
-  for (int second; (second = second_full_reader(g, ep)) >= 0;) {
+  for (int second; (second = second_full_reader(g, root, ep)) >= 0;) {
     leave[static_cast<size_t>(second)] = kSecondFull;
     ep = grow_epilogue(g, root, s.seed, s.seed_operands, &leave);
   }

@@ -125,6 +125,24 @@ TEST(Planner, AnEpilogueReadsOneFullTensorSoParallelResidualsSplit) {
   expect_nothing_dropped(p);
 }
 
+TEST(Planner, TheFullTensorAnAddmmReadsCountsAsTheEpiloguesOne) {
+  GraphBuilder b;
+  const json t = T("bf16", {4096, 1024});
+  b.input("c", t);
+  b.input("r", t);
+  b.input("a", t);
+  b.param("w", T("bf16", {1024, 1024}));
+  b.call("mm", "aten.addmm.default", {N("c"), N("a"), N("w")}, t);
+  b.call("out", "aten.add.Tensor", {N("mm"), N("r")}, t);
+  b.outputs({"out"});
+  const auto p = plan(b);
+  ASSERT_EQ(p.d.chosen.size(), 1u);
+  EXPECT_EQ(names(p.g, p.d.chosen[0].match.nodes), Names({"mm"}));
+  EXPECT_TRUE(has_miss(p, "gemm_epilogue",
+                       "stops before 'out': it reads a second full-size tensor (the kernel reads one, as C)"));
+  expect_nothing_dropped(p);
+}
+
 TEST(Planner, DisjointPatternsAreAllChosenBestFirst) {
   // Two independent linear+relu chains of different sizes.
   GraphBuilder b;

@@ -321,7 +321,8 @@ void expect_attention_problem(const discover::Match& m, int64_t heads, int64_t k
 }
 
 // Scores with an additive bias (T5's position bias, BERT's padding mask): `order` "scale_first"
-// adds it to the scaled scores (SDPA's attn_mask), "bias_first" scales the sum, bias included.
+// adds it to the scaled scores (SDPA's attn_mask), "bias_first" scales the sum, bias included,
+// "alpha" adds it scaled (add's alpha = 2).
 // Inputs q, k, v of [2, 4, 16, 8] (f32): the attention graphs below start from them.
 const json kQkv = T("f32", {2, 4, 16, 8});
 const json kScores = T("f32", {2, 4, 16, 16});
@@ -338,9 +339,13 @@ GraphBuilder biased_attention_graph(const std::string& order) {
   b.input("pad", T("f32", {2, 1, 1, 16}));
   b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
   b.call("s", "aten.matmul.default", {N("q"), N("kt")}, scores);
-  if (order == "scale_first") {
+  if (order == "scale_first" || order == "alpha") {
     b.call("sc", "aten.mul.Tensor", {N("s"), 0.5}, scores);
-    b.call("biased", "aten.add.Tensor", {N("sc"), N("pad")}, scores);
+    if (order == "alpha") {
+      b.call("biased", "aten.add.Tensor", {N("sc"), N("pad")}, scores, {{"alpha", 2.0}});
+    } else {
+      b.call("biased", "aten.add.Tensor", {N("sc"), N("pad")}, scores);
+    }
   } else {
     b.call("sb", "aten.add.Tensor", {N("pad"), N("s")}, scores);
     b.call("biased", "aten.mul.Tensor", {N("sb"), 0.5}, scores);
@@ -362,6 +367,23 @@ TEST(RuleAttention, AnAdditiveScoreBiasIsAnOperand) {
   EXPECT_FALSE(m->attrs.at("causal").get<bool>());
   EXPECT_DOUBLE_EQ(m->attrs.at("scale").get<double>(), 0.5);
   expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, ABiasAddedWithAnAlphaIsNoBias) {
+  const auto p = plan(biased_attention_graph("alpha"));
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "'biased' (aten.add.Tensor) is not a cast"));
+}
+
+TEST(RuleAttention, AttentionOutputReadTwiceIsAMiss) {
+  // o's heads are merged back by a view the pattern takes in; a sum reads o itself
+  GraphBuilder b = biased_attention_graph("scale_first");
+  b.call("ot", "aten.transpose.int", {N("o"), 1, 2}, T("f32", {2, 16, 4, 8}, std::vector<int64_t>{512, 8, 128, 1}));
+  b.call("total", "aten.sum.default", {N("o")}, T("f32", {}));
+  b.outputs({"ot", "total"});
+  const auto p = plan(b);
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "also reads 'o' inside the attention"));
 }
 
 TEST(RuleAttention, ABiasAddedBeforeTheScaleIsAMiss) {

@@ -1608,6 +1608,10 @@ def test_fresh_inputs_shuffle_a_mask_of_zeros_and_ones():
     assert set(fresh.unique().tolist()) == {0.0, 1.0} and fresh.sum() == mask.sum()
     assert not torch.equal(fresh, mask)
     assert torch.equal(fresh_inputs([mask], seed=0)[0], fresh)
+    # an all-ones mask becomes a random 0/1 one; another constant is drawn around its value
+    ones, threes = fresh_inputs([torch.ones(8, 32), torch.full((8, 32), 3.0)], seed=0)
+    assert set(ones.unique().tolist()) == {0.0, 1.0}
+    assert threes.unique().numel() > 100 and abs(float(threes.mean()) - 3.0) < 0.3
 
 
 def test_dtype_mismatch_is_an_error():

@@ -604,9 +604,14 @@ class SdpaAttention(Impl):
         if self.bias:
             bias = role_input(reg, pattern, "bias")
             q_val, b_val = io.q.meta.get("val"), bias.meta.get("val")
-            if isinstance(q_val, torch.Tensor) and isinstance(b_val, torch.Tensor):
-                if b_val.dtype != q_val.dtype:
-                    bias = graph.call_function(aten.to.dtype, (bias, q_val.dtype))
+            if not isinstance(q_val, torch.Tensor) or not isinstance(b_val, torch.Tensor):
+                raise NotSupportedError(f"the dtypes of {io.q.name} and {bias.name} are unknown")
+            if not b_val.is_floating_point():  # SDPA would read a bool as a keep-mask
+                raise NotSupportedError(f"the score bias {bias.name} is {b_val.dtype}")
+            if b_val.dtype != q_val.dtype:  # finfo(f32).min would round to -inf in 16 bits
+                info = torch.finfo(q_val.dtype)
+                bias = graph.call_function(aten.clamp.default, (bias, info.min, info.max))
+                bias = graph.call_function(aten.to.dtype, (bias, q_val.dtype))
             kwargs["attn_mask"] = bias
         attn = graph.call_function(_SDPA, (io.q, io.k, io.v), kwargs)
         return copy_tail(graph, reg, io.value, attn)
