@@ -189,9 +189,12 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
     if (wide == "f32" && (narrow == "bf16" || narrow == "f16")) x_exact = from;
   }
   auto is_x = [&](int o) { return o == x || (x_exact >= 0 && o == x_exact); };
+  // x * rsqrt(...) in either order, but only x / sqrt(...): sqrt(...) / x is another function.
+  const bool divides = want == Op::div;
   if (scaled < 0 || g.node(scaled).op != want || scaled_ops.size() != 2 ||
-      !(is_x(scaled_ops[0]) || is_x(scaled_ops[1]))) {
-    return miss(rule, root, scaled < 0 ? r : scaled, 4, "x is not multiplied by the reciprocal RMS");
+      !(is_x(scaled_ops[0]) || (!divides && is_x(scaled_ops[1]))) || (divides && scaled_ops[1] != r)) {
+    return miss(rule, root, scaled < 0 ? r : scaled, 4,
+                divides ? "x is not divided by the RMS" : "x is not multiplied by the reciprocal RMS");
   }
   nodes.push_back(scaled);
   int out = scaled;

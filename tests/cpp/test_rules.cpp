@@ -734,6 +734,21 @@ TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
   expect_nothing_dropped(p);
 }
 
+TEST(RuleNorm, TheRmsDividedByXIsAMiss) {
+  GraphBuilder b;
+  const json t = T("f32", {4, 8, 64});
+  const json r = T("f32", {4, 8, 1});
+  b.input("x", t);
+  b.call("sq", "aten.mul.Tensor", {N("x"), N("x")}, t);
+  b.call("m", "aten.mean.dim", {N("sq"), L({2}), true}, r);
+  b.call("a", "aten.add.Tensor", {N("m"), 1e-5}, r);
+  b.call("s", "aten.sqrt.default", {N("a")}, r);
+  b.call("y", "aten.div.Tensor", {N("s"), N("x")}, t);  // sqrt(mean(x^2) + eps) / x
+  const auto p = plan(b);
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::norm);
+  EXPECT_TRUE(has_miss(p, "rms_norm_handwritten", "x is not divided by the RMS"));
+}
+
 TEST(RuleNorm, MeanWithoutKeepdimIsAMiss) {
   GraphBuilder b;
   b.input("x", T("f32", {4, 64}));
