@@ -25,6 +25,28 @@ enum class MaskKind { none, keep_lower, drop_upper, additive_upper };
 
 bool is_neg_inf(double v) { return std::isinf(v) && v < 0; }
 
+// A value that masks a score out of a softmax over `scores`: -inf, or that dtype's lowest finite
+// value (torch.finfo(dtype).min, as Hugging Face's models write their masks): exp() of it less
+// the row's maximum is zero either way.
+bool masks_out(double v, ir::DType scores) {
+  if (is_neg_inf(v)) return true;
+  double lowest = -std::numeric_limits<float>::max();
+  if (scores == ir::DType::bf16) lowest = -3.3895313892515355e38;
+  if (scores == ir::DType::f16) lowest = -65504.0;
+  if (scores == ir::DType::f64) lowest = -std::numeric_limits<double>::max();
+  return v <= lowest * (1 - 1e-6);
+}
+
+// A constant the graph builds as a one-element tensor, torch.full([], v) (Hugging Face's score
+// divisor and mask floor), behind identities; fills `v` and returns its node, or -1.
+int constant_tensor(const Graph& g, int id, double& v) {
+  const int c = skip_identity(g, id);
+  const auto& n = g.node(c);
+  if (n.op != Op::full || n.outputs.size() != 1 || n.type().numel() != 1) return -1;
+  const Arg* fill = n.arg(1, "fill_value");
+  return fill && scalar_value(g, *fill, v) ? c : -1;
+}
+
 // Recognise causal masks through views, casts and slices that start at 0.
 MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes) {
   while (true) {
@@ -312,17 +334,32 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
       scale = n.op == Op::mul ? scale * c : scale / c;
       steps.insert(steps.begin(), "scale");  // walking backwards: earlier steps go first
       cur = ops[0];
+    } else if ((n.op == Op::mul || n.op == Op::div) && ops.size() == 2 &&
+               constant_tensor(g, ops[1], c) >= 0 && (n.op == Op::mul || c != 0)) {
+      // scores / torch.full([], sqrt(d)): the constant's node goes with the pattern if nothing
+      // else reads it
+      scale = n.op == Op::mul ? scale * c : scale / c;
+      steps.insert(steps.begin(), "scale");
+      chains.push_back({constant_tensor(g, ops[1], c)});
+      cur = ops[0];
     } else if (n.op == Op::masked_fill && ops.size() == 2 && n.arg(2, "value") &&
-               scalar_value(g, *n.arg(2, "value"), c) && is_neg_inf(c) &&
+               scalar_value(g, *n.arg(2, "value"), c) && masks_out(c, n.type().dtype) &&
                mask_kind(g, ops[1], mask_nodes) == MaskKind::drop_upper) {
       causal = true;
       steps.insert(steps.begin(), "causal_mask");
       cur = ops[0];
     } else if (n.op == Op::where && ops.size() == 2 && n.arg(2, "other") &&
-               scalar_value(g, *n.arg(2, "other"), c) && is_neg_inf(c) &&
+               scalar_value(g, *n.arg(2, "other"), c) && masks_out(c, n.type().dtype) &&
                mask_kind(g, ops[0], mask_nodes) == MaskKind::keep_lower) {
       causal = true;
       steps.insert(steps.begin(), "causal_mask");
+      cur = ops[1];
+    } else if (n.op == Op::where && ops.size() == 3 && constant_tensor(g, ops[2], c) >= 0 &&
+               masks_out(c, n.type().dtype) && mask_kind(g, ops[0], mask_nodes) == MaskKind::keep_lower) {
+      // torch.where(tril, scores, torch.full([], finfo.min)): Hugging Face's GPT-2
+      causal = true;
+      steps.insert(steps.begin(), "causal_mask");
+      mask_nodes.push_back(constant_tensor(g, ops[2], c));
       cur = ops[1];
     } else if (n.op == Op::add && ops.size() == 2 && additive_mask_side(g, ops, mask_nodes) >= 0) {
       causal = true;

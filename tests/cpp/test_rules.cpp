@@ -429,6 +429,41 @@ TEST(RuleAttention, HandWrittenWithAdditiveTriuMask) {
   expect_nothing_dropped(p);
 }
 
+TEST(RuleAttention, HuggingFaceFormsOfTheScaleAndTheMask) {
+  // GPT-2: scores / torch.full([], 8.0), then torch.where(tril, scores, torch.full([], finfo.min));
+  // with `fill` "-1e4" the floor does not mask a bf16 score out, and the rule misses.
+  for (const std::string fill : {"finfo", "-1e4"}) {
+    GraphBuilder b("bf16");
+    const json qkv = T("bf16", {2, 4, 16, 8});
+    const json scores = T("bf16", {2, 4, 16, 16});
+    for (const char* name : {"q", "k", "v"}) b.input(name, qkv);
+    b.buffer("tril", T("bool", {1, 1, 16, 16}), {{"tril", true}});
+    b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("bf16", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
+    b.call("s", "aten.matmul.default", {N("q"), N("kt")}, scores);
+    b.call("d", "aten.full.default", {L({}), 8.0}, T("bf16", {}), {{"dtype", DTypeArg("bf16")}});
+    b.call("sc", "aten.div.Tensor", {N("s"), N("d")}, scores);
+    const double floor = fill == "finfo" ? -3.3895313892515355e38 : -1e4;
+    b.call("lo", "aten.full.default", {L({}), floor}, T("bf16", {}), {{"dtype", DTypeArg("bf16")}});
+    b.call("w", "aten.where.self", {N("tril"), N("sc"), N("lo")}, scores);
+    b.call("sm", "aten._softmax.default", {N("w"), -1, false}, scores);
+    b.call("o", "aten.matmul.default", {N("sm"), N("v")}, qkv);
+    const auto p = plan(b);
+    if (fill == "-1e4") {
+      for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
+      EXPECT_TRUE(has_miss(p, "attention_handwritten", "'w' (aten.where.self) is not a cast"));
+      continue;
+    }
+    const auto* m = only(p, Family::attention);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
+    EXPECT_TRUE(m->attrs.at("causal").get<bool>());
+    EXPECT_DOUBLE_EQ(m->attrs.at("scale").get<double>(), 0.125);
+    EXPECT_EQ(names(p.g, m->nodes), Names({"kt", "s", "d", "sc", "lo", "w", "sm", "o"}));
+    EXPECT_TRUE(p.d.uncovered.empty());
+    expect_nothing_dropped(p);
+  }
+}
+
 TEST(RuleAttention, WhereWithTrilBufferAndScaleOnQ) {
   GraphBuilder b = qkv_inputs();
   const json& qkv = kQkv;

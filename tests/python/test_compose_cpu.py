@@ -2045,6 +2045,28 @@ def test_attention_with_an_additive_bias_runs_as_sdpa_with_attn_mask(
     assert rel_err(opt(*again), eager(model, *again)) < 1e-5
 
 
+def test_hugging_face_gpt2_attention_is_one_attention(engine_available, tmp_path):
+    """GPT-2 as Hugging Face's eager path writes it (bench/zoo/gpt2_block.py): scores divided
+    by a 0-dim torch.full, masked by torch.where(tril, scores, finfo.min). One causal attention
+    pattern with the scale 1/sqrt(d), checked like any other; nothing left to PyTorch."""
+    from fact.problem import import_problem_module
+
+    torch.manual_seed(36)
+    module = import_problem_module(REPO / "bench" / "zoo" / "gpt2_block.py")
+    model, x = module.Model(width=64, heads=4, seq=32).eval(), torch.randn(2, 32, 64)
+    plan = fact.discover(model, [x])
+    assert plan["pytorch_nodes"] == []
+    (pattern,) = [p for p in plan["patterns"] if p["family"] == "attention"]
+    assert pattern["epilogue"] == ["scale", "causal_mask", "softmax"]
+    assert pattern["attrs"]["causal"] is True and pattern["attrs"]["scale"] == pytest.approx(0.25)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    assert att["chosen"] in ("reference:ref", "sdpa") and all(c["ok"] for c in att["candidates"])
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
 def test_sdpa_pattern_has_no_library_twin_but_a_generated_one(engine_available):
     torch.manual_seed(33)
     model, x = GqaAttention(sdpa=True).eval(), torch.randn(2, 32, 64)

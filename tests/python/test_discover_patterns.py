@@ -136,6 +136,13 @@ ZOO = {
         ("attention", ("scale", "causal_mask", "softmax")): 1,
         ("norm", ("weight", "bias")): 2,
     },
+    "gpt2": {  # Hugging Face's eager path: Conv1D as addmm, torch.where(tril, s, finfo.min)
+        ("attention", ("scale", "causal_mask", "softmax")): 1,
+        ("gemm", ("bias", "gelu_tanh")): 1,
+        ("gemm", ("bias", "residual")): 2,
+        ("gemm", ("bias",)): 1,
+        ("norm", ("weight", "bias")): 2,
+    },
     "vit": {  # nn.MultiheadAttention's export: in_proj, SDPA, out_proj on (seq, batch) rows
         ("gemm", ("bias",)): 2,
         ("gemm", ("bias", "gelu_erf")): 1,
