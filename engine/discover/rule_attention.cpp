@@ -94,12 +94,14 @@ MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes) {
       double fill_value = 0;
       const bool is_full = fill.op == Op::full && fill.arg(1, "fill_value") &&
                            scalar_value(g, *fill.arg(1, "fill_value"), fill_value);
-      const bool is_ones = fill.op == Op::ones || (is_full && fill_value != 0 && !is_neg_inf(fill_value));
+      // torch.full((s, s), finfo.min).triu(1) is an additive mask as -inf's is (Hugging Face's)
+      const bool floor = is_full && fill.outputs.size() == 1 && masks_out(fill_value, fill.type().dtype);
+      const bool is_ones = fill.op == Op::ones || (is_full && fill_value != 0 && !floor);
       if (!is_full && !is_ones) return MaskKind::none;
       nodes.push_back(src);
       if (n.op == Op::tril && d == 0 && is_ones) return MaskKind::keep_lower;
       if (n.op == Op::triu && d == 1 && is_ones) return MaskKind::drop_upper;
-      if (n.op == Op::triu && d == 1 && is_full && is_neg_inf(fill_value)) return MaskKind::additive_upper;
+      if (n.op == Op::triu && d == 1 && floor) return MaskKind::additive_upper;
       return MaskKind::none;
     }
     default:

@@ -152,6 +152,11 @@ inline GraphBuilder attention_graph(const std::string& mask = "tril", int softma
   if (mask == "tril") {
     b.call("eqm", "aten.eq.Scalar", {N("tril"), 0}, T("bool", {16, 16}));
     b.call("mf", "aten.masked_fill.Scalar", {N("sc"), N("eqm"), Float("-inf")}, scores);
+  } else if (mask == "finfo") {  // Hugging Face's: torch.full((s, s), finfo(dtype).min).triu(1)
+    const double lowest = dt == "bf16" ? -3.3895313892515355e38 : -3.4028234663852886e38;
+    b.call("full", "aten.full.default", {L({16, 16}), lowest}, T(dt, {16, 16}), {{"dtype", DTypeArg(dt)}});
+    b.call("tu", "aten.triu.default", {N("full"), 1}, T(dt, {16, 16}));
+    b.call("mf", "aten.add.Tensor", {N("sc"), N("tu")}, scores);
   } else {
     b.call("full", "aten.full.default", {L({16, 16}), Float("-inf")}, T(dt, {16, 16}), {{"dtype", DTypeArg(dt)}});
     b.call("tu", "aten.triu.default", {N("full"), 1}, T(dt, {16, 16}));

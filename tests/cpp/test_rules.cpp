@@ -416,17 +416,19 @@ TEST(RuleAttention, HandWrittenWithTrilBufferMask) {
 }
 
 TEST(RuleAttention, HandWrittenWithAdditiveTriuMask) {
-  const auto p = plan(attention_graph("additive", -1, "bf16"));
-  const auto* m = only(p, Family::attention);
-  ASSERT_NE(m, nullptr);
-  EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
-  EXPECT_EQ(m->attrs.at("causal"), true);
-  EXPECT_EQ(m->attrs.at("dtype"), "bf16");
-  expect_attention_problem(*m, 4, 4);
-  // The mask's full and triu are computed inside the kernel: absorbed.
-  EXPECT_EQ(names(p.g, m->nodes), Names({"kt", "s", "sc", "full", "tu", "mf", "sm", "o"}));
-  EXPECT_TRUE(p.d.uncovered.empty());
-  expect_nothing_dropped(p);
+  for (const std::string mask : {"additive", "finfo"}) {  // -inf or finfo.min above the diagonal
+    const auto p = plan(attention_graph(mask, -1, "bf16"));
+    const auto* m = only(p, Family::attention);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->epilogue, Names({"scale", "causal_mask", "softmax"}));
+    EXPECT_EQ(m->attrs.at("causal"), true);
+    EXPECT_EQ(m->attrs.at("dtype"), "bf16");
+    expect_attention_problem(*m, 4, 4);
+    // The mask's full and triu are computed inside the kernel: absorbed.
+    EXPECT_EQ(names(p.g, m->nodes), Names({"kt", "s", "sc", "full", "tu", "mf", "sm", "o"}));
+    EXPECT_TRUE(p.d.uncovered.empty());
+    expect_nothing_dropped(p);
+  }
 }
 
 TEST(RuleAttention, HuggingFaceFormsOfTheScaleAndTheMask) {
