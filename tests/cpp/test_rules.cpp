@@ -752,7 +752,8 @@ TEST(RuleNorm, HandWrittenRmsNormOfANarrowedInputIsAMiss) {
   EXPECT_TRUE(has_miss(p, "rms_norm_handwritten", "x is not multiplied by the reciprocal RMS"));
 }
 
-TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
+// x / sqrt(mean(x * x) + eps) in f32, no casts or weight; `flipped`: sqrt(...) / x instead.
+GraphBuilder rms_by_division(bool flipped) {
   GraphBuilder b;
   const json t = T("f32", {4, 8, 64});
   const json r = T("f32", {4, 8, 1});
@@ -761,8 +762,12 @@ TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
   b.call("m", "aten.mean.dim", {N("sq"), L({2}), true}, r);
   b.call("a", "aten.add.Tensor", {N("m"), 1e-5}, r);
   b.call("s", "aten.sqrt.default", {N("a")}, r);
-  b.call("y", "aten.div.Tensor", {N("x"), N("s")}, t);
-  const auto p = plan(b);
+  b.call("y", "aten.div.Tensor", {N(flipped ? "s" : "x"), N(flipped ? "x" : "s")}, t);
+  return b;
+}
+
+TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
+  const auto p = plan(rms_by_division(false));
   const auto* m = only(p, Family::norm);
   ASSERT_NE(m, nullptr);
   EXPECT_TRUE(m->epilogue.empty());
@@ -772,16 +777,7 @@ TEST(RuleNorm, HandWrittenRmsNormWithoutCastsOrWeight) {
 }
 
 TEST(RuleNorm, TheRmsDividedByXIsAMiss) {
-  GraphBuilder b;
-  const json t = T("f32", {4, 8, 64});
-  const json r = T("f32", {4, 8, 1});
-  b.input("x", t);
-  b.call("sq", "aten.mul.Tensor", {N("x"), N("x")}, t);
-  b.call("m", "aten.mean.dim", {N("sq"), L({2}), true}, r);
-  b.call("a", "aten.add.Tensor", {N("m"), 1e-5}, r);
-  b.call("s", "aten.sqrt.default", {N("a")}, r);
-  b.call("y", "aten.div.Tensor", {N("s"), N("x")}, t);  // sqrt(mean(x^2) + eps) / x
-  const auto p = plan(b);
+  const auto p = plan(rms_by_division(true));
   for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::norm);
   EXPECT_TRUE(has_miss(p, "rms_norm_handwritten", "x is not divided by the RMS"));
 }
