@@ -5,6 +5,7 @@
 
 #include "discover/catalog.h"
 #include "discover/views.h"
+#include "util/strings.h"
 
 namespace fact::discover {
 
@@ -27,12 +28,6 @@ bool overlap(const std::vector<int>& a, const std::vector<int>& b) {
     a[i] < b[j] ? ++i : ++j;
   }
   return false;
-}
-
-std::string join(const std::vector<std::string>& parts) {
-  std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
-  return out;
 }
 
 // Score: estimated saving, ties broken by coverage (a nanosecond per node).
@@ -160,6 +155,7 @@ Discovery discover(const Graph& g, const CostModel& cost) {
   for (auto& [r, ids] : components) {
     for (int id : select(cands, ids)) chosen[id] = 1;
   }
+  std::vector<size_t> lost;  // d.rejected's candidates that lost an overlap
   for (int id : viable) {
     if (chosen[id]) {
       d.chosen.push_back(cands[id]);
@@ -172,6 +168,7 @@ Discovery discover(const Graph& g, const CostModel& cost) {
         break;
       }
     }
+    lost.push_back(d.rejected.size());
     d.rejected.push_back(cands[id]);
     d.rejected_why.push_back("overlaps " + by + ", which saves more");
   }
@@ -182,10 +179,6 @@ Discovery discover(const Graph& g, const CostModel& cost) {
   // A candidate that lost an overlap may still have a kernel's worth left: a GEMM whose
   // epilogue another GEMM took (x + attn(x) + mlp(x): one projection takes both adds, the other
   // keeps its bias). Best first, each shrunk match as its rule re-grows it around what is taken.
-  std::vector<size_t> lost;
-  for (size_t i = 0; i < d.rejected.size(); ++i) {
-    if (d.rejected_why[i].rfind("overlaps ", 0) == 0) lost.push_back(i);
-  }
   std::stable_sort(lost.begin(), lost.end(),
                    [&](size_t a, size_t b) { return score(d.rejected[a]) > score(d.rejected[b]); });
   for (size_t i : lost) {
@@ -202,7 +195,7 @@ Discovery discover(const Graph& g, const CostModel& cost) {
       if (not_worth(c, on_state, false)) continue;
       for (int id : c.match.nodes) covered[static_cast<size_t>(id)] = 1;
       d.rejected_why[i] += "; shrunk to what it leaves: " + (c.match.epilogue.empty() ? std::string("no epilogue")
-                                                                                       : "epilogue " + join(c.match.epilogue));
+                                                                                       : "epilogue " + join(c.match.epilogue, ", "));
       d.chosen.push_back(std::move(c));
     }
   }

@@ -242,25 +242,24 @@ int additive_mask_side(const Graph& g, const std::vector<int>& ops, std::vector<
   return -1;
 }
 
-// One reader of `id`'s values: x.type_as(id) reads only its dtype (T5 casts the probabilities
-// back with .type_as(scores)), so such users do not count.
+// Whether `user` reads only the dtype of `id`: x.type_as(id) (T5 casts the probabilities back
+// with .type_as(scores)).
+bool reads_dtype_only(const Graph& g, int user, int id) {
+  const auto ops = g.operands(g.node(user));
+  return g.node(user).op == Op::type_as && ops.size() == 2 && ops[0] != id && ops[1] == id;
+}
+
+// One reader of `id`'s values; users that read only its dtype do not count.
 bool single_use(const Graph& g, int id) {
   if (g.is_graph_output(id)) return false;
-  int readers = 0;
-  for (int u : g.node(id).users) {
-    const auto& n = g.node(u);
-    const auto ops = g.operands(n);
-    const bool dtype_only = n.op == Op::type_as && ops.size() == 2 && ops[0] != id && ops[1] == id;
-    readers += dtype_only ? 0 : 1;
-  }
-  return readers == 1;
+  const auto& users = g.node(id).users;
+  return std::count_if(users.begin(), users.end(), [&](int u) { return !reads_dtype_only(g, u, id); }) == 1;
 }
 
 // The user of `id` that reads its values (see single_use).
 int value_user(const Graph& g, int id) {
   for (int u : g.node(id).users) {
-    const auto ops = g.operands(g.node(u));
-    if (!(g.node(u).op == Op::type_as && ops.size() == 2 && ops[0] != id && ops[1] == id)) return u;
+    if (!reads_dtype_only(g, u, id)) return u;
   }
   return -1;
 }
@@ -443,11 +442,9 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
   for (int id : nodes) {
     for (int u : g.node(id).users) {
       if (std::find(nodes.begin(), nodes.end(), u) != nodes.end() || value_user(g, id) == u) continue;
-      const auto ops = g.operands(g.node(u));
-      const bool dtype_only = g.node(u).op == Op::type_as && ops.size() == 2 && ops[1] == id && ops[0] != id;
       return miss(rule, root, u, progress,
-                  "'" + g.node(u).name + (dtype_only ? "' reads the dtype of '" : "' also reads '") + g.node(id).name +
-                      "' inside the attention");
+                  "'" + g.node(u).name + (reads_dtype_only(g, u, id) ? "' reads the dtype of '" : "' also reads '") +
+                      g.node(id).name + "' inside the attention");
     }
   }
   Attempt a;

@@ -19,17 +19,15 @@ int second_full_reader(const ir::Graph& g, int gemm, const Epilogue& ep) {
     if (o.broadcast == "full") full.push_back(o.node);
   }
   if (full.size() < 2) return -1;
-  std::vector<int> tail = ep.nodes;
-  std::sort(tail.begin(), tail.end());
+  std::vector<int> readers = ep.nodes;  // the GEMM, then its tail in program order
+  readers.push_back(gemm);
+  std::sort(readers.begin(), readers.end());
   std::vector<int> seen;
-  for (int o : g.operands(g.node(gemm))) {
-    if (std::count(full.begin(), full.end(), o) && !std::count(seen.begin(), seen.end(), o)) seen.push_back(o);
-  }
-  for (int id : tail) {
+  for (int id : readers) {
     for (int o : g.operands(g.node(id))) {
       if (std::count(full.begin(), full.end(), o) && !std::count(seen.begin(), seen.end(), o)) seen.push_back(o);
     }
-    if (seen.size() > 1) return id;
+    if (seen.size() > 1 && id != gemm) return id;
   }
   return -1;
 }

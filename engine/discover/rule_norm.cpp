@@ -184,9 +184,10 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   int x_exact = -1;
   if (ir::op_class(g.node(x).op) == OpClass::cast && !is_identity(g, g.node(x))) {
     const int from = first_operand(g.node(x));
-    const std::string wide = ir::dtype_name(g.node(x).type().dtype);
-    const std::string narrow = from < 0 ? "" : ir::dtype_name(g.node(from).type().dtype);
-    if (wide == "f32" && (narrow == "bf16" || narrow == "f16")) x_exact = from;
+    const auto narrow = from < 0 || g.node(from).outputs.size() != 1 ? ir::DType::other : g.node(from).type().dtype;
+    if (g.node(x).type().dtype == ir::DType::f32 && (narrow == ir::DType::bf16 || narrow == ir::DType::f16)) {
+      x_exact = from;
+    }
   }
   auto is_x = [&](int o) { return o == x || (x_exact >= 0 && o == x_exact); };
   // x * rsqrt(...) in either order, but only x / sqrt(...): sqrt(...) / x is another function.

@@ -11,6 +11,7 @@
 #include "ir/error.h"
 #include "ir/graph.h"
 #include "realize/emit.h"
+#include "util/strings.h"
 
 namespace fact::realize {
 
@@ -356,12 +357,6 @@ std::vector<std::string> config_violations(const GemmProblem& p, const GemmConfi
   return why;
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "; " : "") + v[i];
-  return s;
-}
-
 }  // namespace
 
 // -----------------------------------------------------------------------------------------------
@@ -544,7 +539,7 @@ FilterResult filter_sm90(const GemmProblem& p, const std::vector<GemmConfig>& co
     if (why.empty()) {
       r.kept.push_back(c);
     } else {
-      r.dropped.push_back({c, join(why)});
+      r.dropped.push_back({c, join(why, "; ")});
     }
   }
   return r;
@@ -990,7 +985,7 @@ std::string why_none_kept(const std::vector<Dropped>& dropped) {
     if (n > most.second) most = {reason, n};
   }
   const std::string head = "every one of the " + std::to_string(dropped.size()) + " configs was dropped";
-  if (!shared.empty()) return head + ": " + join(shared);
+  if (!shared.empty()) return head + ": " + join(shared, "; ");
   return head + "; most often (" + std::to_string(most.second) + " of them): " + most.first;
 }
 

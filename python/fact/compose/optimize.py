@@ -399,7 +399,7 @@ def evaluate(
 
 def _take_turns(
     base: Callable[[], Any],
-    runs: Mapping[int, Callable[[], Any]],
+    runs: Mapping[Any, Callable[[], Any]],
     first: Mapping[Any, float],
     device: torch.device,
 ) -> dict[Any, list[float]]:
@@ -568,11 +568,11 @@ def fresh_inputs(example: Sequence[Any], seed: int) -> list[Any]:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
             return t
         t = t.detach()
-        values = torch.unique(t) if t.numel() > 1 and bool(torch.isfinite(t).all()) else None
-        if values is not None and values.numel() == 2:
+        distinct = torch.unique(t) if t.numel() > 1 and bool(torch.isfinite(t).all()) else None
+        if distinct is not None and distinct.numel() == 2:
             order = torch.randperm(t.numel(), generator=gen).to(t.device)
             return t.reshape(-1)[order].reshape(t.shape)
-        if values is not None and values.numel() == 1 and float(values[0]) in (0.0, 1.0):
+        if distinct is not None and distinct.numel() == 1 and float(distinct[0]) in (0.0, 1.0):
             # an all-ones (or all-zeros) mask: a random 0/1 one, never a constant again
             bits = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.float32)
             return bits.to(device=t.device, dtype=t.dtype)
@@ -1106,21 +1106,24 @@ def guard(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:
     launches is not in any pattern's timing. The module runs the original where its median is
     lower by more than GUARD_MARGIN (so that a tie does not flip between runs)."""
     device = _device_of(example)
-    runs = {"fact": lambda: opt(*example), "original": lambda: opt.original(*example)}
-    turns: dict[str, list[float]] = {name: [] for name in runs}
+
+    def original() -> Any:
+        return opt.original(*example)
+
+    def composed() -> Any:
+        return opt(*example)
+
     with torch.no_grad():
-        for run in runs.values():
-            run()  # warm up
-        for r in range(CHECK_ROUNDS):
-            for name in runs if r % 2 == 0 else reversed(runs):
-                turns[name].append(time_us(runs[name], device))
-    times = {name: statistics.median(t) for name, t in turns.items()}
+        original(), composed()  # warm up
+        first = {"pytorch": time_us(original, device), "fact": time_us(composed, device)}
+    turns = _take_turns(original, {"fact": composed}, first, device)
+    fact_us, original_us = statistics.median(turns["fact"]), statistics.median(turns["pytorch"])
     return {
-        "fact_us": times["fact"],
-        "original_us": times["original"],
-        "chosen": "original" if times["original"] < (1 - GUARD_MARGIN) * times["fact"] else "fact",
+        "fact_us": fact_us,
+        "original_us": original_us,
+        "chosen": "original" if original_us < (1 - GUARD_MARGIN) * fact_us else "fact",
         "fact_turns_us": turns["fact"],
-        "original_turns_us": turns["original"],
+        "original_turns_us": turns["pytorch"],
     }
 
 
