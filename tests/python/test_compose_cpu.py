@@ -1066,12 +1066,13 @@ def test_guard_runs_the_original_module_where_it_is_faster(ref_opt, monkeypatch)
     real_run = opt.run_graph
 
     def run_graph_slowly(*args, **kwargs):
-        time.sleep(0.02)
+        time.sleep(0.03)
         return real_run(*args, **kwargs)
 
     object.__setattr__(slow, "run_graph", run_graph_slowly)
     g = guard(slow, [x])
-    assert g["chosen"] == "original" and g["fact_us"] > g["original_us"] + 15_000, g
+    # Only the order is asserted: the original's own time moves by several ms on a loaded CPU.
+    assert g["chosen"] == "original" and g["fact_us"] > g["original_us"], g
     assert len(g["fact_turns_us"]) == len(g["original_turns_us"]) == 3
     slow.use_original = True
     calls_made = []
