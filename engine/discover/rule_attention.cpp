@@ -9,6 +9,7 @@
 #include "discover/catalog.h"
 #include "discover/epilogue.h"
 #include "discover/views.h"
+#include "util/strings.h"
 
 namespace fact::discover {
 
@@ -47,8 +48,9 @@ int constant_tensor(const Graph& g, int id, double& v) {
   return fill && scalar_value(g, *fill, v) ? c : -1;
 }
 
-// Recognise causal masks through views, casts and slices that start at 0.
-MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes) {
+// Recognise causal masks through views, casts and slices that start at 0. For an additive mask,
+// `floor` (if given) gets the value it adds above the diagonal.
+MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes, double* floor = nullptr) {
   while (true) {
     const auto& n = g.node(id);
     const bool view_like = is_view(n) || is_identity(g, n) || ir::op_class(n.op) == OpClass::cast;
@@ -63,7 +65,10 @@ MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes) {
   const auto& n = g.node(id);
   if (n.is_placeholder()) {
     if (n.has_fact("tril") && n.facts.at("tril") != 0) return MaskKind::keep_lower;
-    if (n.has_fact("causal_additive") && n.facts.at("causal_additive") != 0) return MaskKind::additive_upper;
+    if (n.has_fact("causal_additive") && n.facts.at("causal_additive") != 0) {
+      if (floor) *floor = -std::numeric_limits<double>::infinity();  // the tracer's fact: -inf
+      return MaskKind::additive_upper;
+    }
     return MaskKind::none;
   }
   nodes.push_back(id);
@@ -95,13 +100,16 @@ MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes) {
       const bool is_full = fill.op == Op::full && fill.arg(1, "fill_value") &&
                            scalar_value(g, *fill.arg(1, "fill_value"), fill_value);
       // torch.full((s, s), finfo.min).triu(1) is an additive mask as -inf's is (Hugging Face's)
-      const bool floor = is_full && fill.outputs.size() == 1 && masks_out(fill_value, fill.type().dtype);
-      const bool is_ones = fill.op == Op::ones || (is_full && fill_value != 0 && !floor);
+      const bool lowest = is_full && fill.outputs.size() == 1 && masks_out(fill_value, fill.type().dtype);
+      const bool is_ones = fill.op == Op::ones || (is_full && fill_value != 0 && !lowest);
       if (!is_full && !is_ones) return MaskKind::none;
       nodes.push_back(src);
       if (n.op == Op::tril && d == 0 && is_ones) return MaskKind::keep_lower;
       if (n.op == Op::triu && d == 1 && is_ones) return MaskKind::drop_upper;
-      if (n.op == Op::triu && d == 1 && floor) return MaskKind::additive_upper;
+      if (n.op == Op::triu && d == 1 && lowest) {
+        if (floor) *floor = fill_value;
+        return MaskKind::additive_upper;
+      }
       return MaskKind::none;
     }
     default:
@@ -232,11 +240,13 @@ Match attention_match(const Graph& g, const std::string& rule, int root, int q, 
   return m;
 }
 
-// Which operand of an add (0 or 1) is an additive causal mask; -1 if neither. Fills `nodes`.
-int additive_mask_side(const Graph& g, const std::vector<int>& ops, std::vector<int>& nodes) {
+// Which operand of an add (0 or 1) is an additive causal mask; -1 if neither. Fills `nodes`
+// and, if given, `floor` (what the mask adds above the diagonal).
+int additive_mask_side(const Graph& g, const std::vector<int>& ops, std::vector<int>& nodes,
+                       double* floor = nullptr) {
   for (int side = 1; side >= 0; --side) {
     nodes.clear();
-    if (mask_kind(g, ops[static_cast<size_t>(side)], nodes) == MaskKind::additive_upper) return side;
+    if (mask_kind(g, ops[static_cast<size_t>(side)], nodes, floor) == MaskKind::additive_upper) return side;
   }
   nodes.clear();
   return -1;
@@ -316,6 +326,9 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
   std::vector<std::string> steps;
   double scale = 1.0;
   bool causal = false;
+  // What a masked score is by the softmax: the mask's floor (-inf, finfo.min) times any scale
+  // after the mask. Where there is a bias too, masking it exactly as the graph does needs it.
+  double floor = -std::numeric_limits<double>::infinity();
   int bias = -1;  // an additive score bias, added after any scale (as SDPA's attn_mask is)
   int progress = 1;
   // Backward: casts, scaling and masking between Q @ K^T and the softmax.
@@ -347,25 +360,29 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
                scalar_value(g, *n.arg(2, "value"), c) && masks_out(c, n.type().dtype) &&
                mask_kind(g, ops[1], mask_nodes) == MaskKind::drop_upper) {
       causal = true;
+      floor = c * scale;
       steps.insert(steps.begin(), "causal_mask");
       cur = ops[0];
     } else if (n.op == Op::where && ops.size() == 2 && n.arg(2, "other") &&
                scalar_value(g, *n.arg(2, "other"), c) && masks_out(c, n.type().dtype) &&
                mask_kind(g, ops[0], mask_nodes) == MaskKind::keep_lower) {
       causal = true;
+      floor = c * scale;
       steps.insert(steps.begin(), "causal_mask");
       cur = ops[1];
     } else if (n.op == Op::where && ops.size() == 3 && constant_tensor(g, ops[2], c) >= 0 &&
                masks_out(c, n.type().dtype) && mask_kind(g, ops[0], mask_nodes) == MaskKind::keep_lower) {
       // torch.where(tril, scores, torch.full([], finfo.min)): Hugging Face's GPT-2
       causal = true;
+      floor = c * scale;
       steps.insert(steps.begin(), "causal_mask");
       mask_nodes.push_back(constant_tensor(g, ops[2], c));
       cur = ops[1];
     } else if (n.op == Op::add && ops.size() == 2 && additive_mask_side(g, ops, mask_nodes) >= 0) {
       causal = true;
+      cur = ops[static_cast<size_t>(1 - additive_mask_side(g, ops, mask_nodes, &c))];
+      floor = c * scale;  // (s + floor) * scale: s is lost in floor's rounding
       steps.insert(steps.begin(), "causal_mask");
-      cur = ops[static_cast<size_t>(1 - additive_mask_side(g, ops, mask_nodes))];
     } else if (n.op == Op::add && ops.size() == 2 && score_bias_side(g, n, ops) >= 0) {
       const int side = score_bias_side(g, n, ops);
       if (bias >= 0) return miss(rule, root, cur, progress, "a second score bias ('" + n.name + "')");
@@ -455,6 +472,9 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
     m.operands.push_back(Operand{"bias", bias, broadcast_kind(g.node(bias).type(), g.node(root).type())});
     m.attrs["bias_shape"] = g.node(bias).type().shape;
     m.attrs["bias_dtype"] = ir::dtype_name(g.node(bias).type().dtype);
+    // A string: JSON has no -inf. SDPA's attn_mask must mask as the graph does, also in rows the
+    // bias masks whole (a padded query's), where the graph's floor decides what the row sees.
+    if (causal) m.attrs["mask_floor"] = format_double(floor);
   }
   return a;
 }

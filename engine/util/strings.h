@@ -1,6 +1,7 @@
 // Small string helpers shared by the engine's reports and messages.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,14 @@ inline std::string join(const std::vector<std::string>& parts, const std::string
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
   return out;
+}
+
+// `v` in as many digits as read back to the same double; "inf", "-inf", "nan" where JSON has no
+// number for it (Python's float() reads every form back).
+inline std::string format_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
 }
 
 }  // namespace fact

@@ -322,7 +322,8 @@ void expect_attention_problem(const discover::Match& m, int64_t heads, int64_t k
 
 // Scores with an additive bias (T5's position bias, BERT's padding mask): `order` "scale_first"
 // adds it to the scaled scores (SDPA's attn_mask), "bias_first" scales the sum, bias included,
-// "alpha" adds it scaled (add's alpha = 2).
+// "alpha" adds it scaled (add's alpha = 2), "causal_first" masks the scores causally with
+// finfo(f32).min, scales them, then adds the bias (a decoder's padding mask).
 // Inputs q, k, v of [2, 4, 16, 8] (f32): the attention graphs below start from them.
 const json kQkv = T("f32", {2, 4, 16, 8});
 const json kScores = T("f32", {2, 4, 16, 16});
@@ -339,7 +340,13 @@ GraphBuilder biased_attention_graph(const std::string& order) {
   b.input("pad", T("f32", {2, 1, 1, 16}));
   b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
   b.call("s", "aten.matmul.default", {N("q"), N("kt")}, scores);
-  if (order == "scale_first" || order == "alpha") {
+  if (order == "causal_first") {
+    b.buffer("tril", T("bool", {16, 16}), {{"tril", true}});
+    b.call("eqm", "aten.eq.Scalar", {N("tril"), 0}, T("bool", {16, 16}));
+    b.call("mf", "aten.masked_fill.Scalar", {N("s"), N("eqm"), -3.4028234663852886e38}, scores);
+    b.call("sc", "aten.mul.Tensor", {N("mf"), 0.5}, scores);
+    b.call("biased", "aten.add.Tensor", {N("sc"), N("pad")}, scores);
+  } else if (order == "scale_first" || order == "alpha") {
     b.call("sc", "aten.mul.Tensor", {N("s"), 0.5}, scores);
     if (order == "alpha") {
       b.call("biased", "aten.add.Tensor", {N("sc"), N("pad")}, scores, {{"alpha", 2.0}});
@@ -366,6 +373,23 @@ TEST(RuleAttention, AnAdditiveScoreBiasIsAnOperand) {
   EXPECT_EQ(m->attrs.at("bias_shape"), json({2, 1, 1, 16}));
   EXPECT_FALSE(m->attrs.at("causal").get<bool>());
   EXPECT_DOUBLE_EQ(m->attrs.at("scale").get<double>(), 0.5);
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, ABiasUnderACausalMaskKeepsTheMasksFloor) {
+  // SDPA takes the two as one attn_mask; where the bias masks a whole row, the graph's floor
+  // (finfo.min here, halved by the scale after it) decides what the row attends to.
+  const auto p = plan(biased_attention_graph("causal_first"));
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"causal_mask", "scale", "bias", "softmax"}));
+  EXPECT_TRUE(m->attrs.at("causal").get<bool>());
+  EXPECT_EQ(m->attrs.at("mask_floor"), "-1.7014117331926443e+38");
+  EXPECT_EQ(std::stod(m->attrs.at("mask_floor").get<std::string>()), -3.4028234663852886e38 * 0.5);
+  // Without a bias there is no floor to keep: is_causal says it all.
+  const auto* plain = only(plan(attention_graph("tril")), Family::attention);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->attrs.contains("mask_floor"));
   expect_nothing_dropped(p);
 }
 

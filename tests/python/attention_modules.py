@@ -78,7 +78,9 @@ class BiasedAttention(nn.Module):
     kind "position": T5's, a learned (1, heads, seq, seq) position bias added to unscaled
     scores, the softmax in f32 and cast back with .type_as(scores).
     kind "padding": BERT's, a (batch, seq) 0/1 mask input made additive as
-    (1 - mask[:, None, None, :]) * finfo.min and added to the scaled scores."""
+    (1 - mask[:, None, None, :]) * finfo.min and added to the scaled scores.
+    kind "causal_padding": a decoder's (GPT-2's as Hugging Face writes it), the scaled scores
+    masked causally by torch.where(tril, scores, finfo.min), then the padding mask added."""
 
     def __init__(self, kind: str, width: int = 64, heads: int = 4, seq: int = 24):
         super().__init__()
@@ -98,6 +100,11 @@ class BiasedAttention(nn.Module):
             probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
         else:
             scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(c // self.heads)
+            if self.kind == "causal_padding":
+                keep = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+                floor = torch.full([], torch.finfo(scores.dtype).min, dtype=scores.dtype,
+                                   device=x.device)  # fmt: skip
+                scores = torch.where(keep, scores, floor)
             additive = (1.0 - mask[:, None, None, :].to(scores.dtype)) * torch.finfo(
                 scores.dtype
             ).min

@@ -2012,22 +2012,29 @@ def test_attention_twin_and_library_sdpa_are_both_checked(engine_available, tmp_
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
-@pytest.mark.parametrize("kind", ["position", "padding"])
+@pytest.mark.parametrize("kind", ["position", "padding", "causal_padding"])
 def test_attention_with_an_additive_bias_runs_as_sdpa_with_attn_mask(
     engine_available, tmp_path, kind
 ):
-    """T5's position bias and BERT's padding mask: one attention pattern with a bias step and a
-    bias operand; the FMHA kernels refuse it, SDPA takes the bias as its attn_mask."""
+    """T5's position bias, BERT's padding mask and a decoder's padding mask under its causal
+    mask: one attention pattern with a bias step and a bias operand; the FMHA kernels refuse
+    it, SDPA takes the bias as its attn_mask (with -inf above the diagonal where the pattern is
+    causal, since SDPA takes is_causal or an attn_mask, not both)."""
     torch.manual_seed(35)
     model = BiasedAttention(kind).eval()
     x, mask = torch.randn(2, 24, 64), torch.ones(2, 24)
     mask[1, -8:] = 0
     inputs = [x] if kind == "position" else [x, mask]
     plan = fact.discover(model, inputs)
+    assert plan["pytorch_nodes"] == []
     (pattern,) = [p for p in plan["patterns"] if p["family"] == "attention"]
-    assert pattern["epilogue"] == (
-        ["bias", "softmax"] if kind == "position" else ["scale", "bias", "softmax"]
-    )
+    steps = {
+        "position": ["bias", "softmax"],
+        "padding": ["scale", "bias", "softmax"],
+        "causal_padding": ["scale", "causal_mask", "bias", "softmax"],
+    }
+    assert pattern["epilogue"] == steps[kind]
+    assert pattern["attrs"]["causal"] == (kind == "causal_padding")
     assert [o["role"] for o in pattern["operands"]] == ["q", "k", "v", "bias"]
     assert pattern["attrs"]["bias_shape"] == (
         [1, 4, 24, 24] if kind == "position" else [2, 1, 1, 24]
@@ -2042,8 +2049,41 @@ def test_attention_with_an_additive_bias_runs_as_sdpa_with_attn_mask(
     assert call.kwargs.get("attn_mask") is not None and not call.kwargs.get("is_causal")
     y, m = torch.randn_like(x), torch.ones_like(mask)
     m[0, -5:] = 0
+    m[1, :3] = 0  # left padding: under the causal mask, row 0 sees only a padded key
     again = [y] if kind == "position" else [y, m]
     assert rel_err(opt(*again), eager(model, *again)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias_first", [False, True])
+@pytest.mark.parametrize("floor", ["-inf", "lowest"])
+def test_causal_floor_masks_as_the_graph_did(dtype, bias_first, floor):
+    """SDPA's one attn_mask for a padding bias and a causal mask gives the graph's softmax in
+    every row, also in the rows the padding masks whole (where the floor decides), whichever of
+    the two came first and whether the floor is -inf or finfo.min."""
+    from fact.compose.impls import causal_floor
+
+    torch.manual_seed(37)
+    c = float("-inf") if floor == "-inf" else torch.finfo(dtype).min
+    scores = torch.randn(2, 3, 6, 6).to(dtype)
+    pad = torch.ones(2, 6)
+    pad[0, :2] = 0  # left padding: rows 0 and 1 see only padded keys under the causal mask
+    pad[1, -3:] = 0
+    bias = ((1 - pad[:, None, None, :]) * torch.finfo(dtype).min).to(dtype)
+    keep = torch.ones(6, 6, dtype=torch.bool).tril()
+    floor_t = torch.full([], c, dtype=dtype)
+    if bias_first:
+        graph = torch.where(keep, scores + bias, floor_t)
+    else:
+        graph = torch.where(keep, scores, floor_t) + bias
+    mask = causal_floor(bias, 6, 6, c, bias_first)
+    assert mask.dtype == dtype
+    torch.testing.assert_close(
+        torch.softmax(scores + mask, -1, dtype=torch.float32),
+        torch.softmax(graph, -1, dtype=torch.float32),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_hugging_face_gpt2_attention_is_one_attention(engine_available, tmp_path):

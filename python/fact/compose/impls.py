@@ -575,11 +575,28 @@ def _attention_steps(pattern: Mapping[str, Any]) -> None:
         raise NotSupportedError(f"attention steps {sorted(steps - _ATTENTION_STEPS)}")
 
 
+def causal_floor(
+    bias: torch.Tensor, q_len: int, k_len: int, floor: float, bias_first: bool
+) -> torch.Tensor:
+    """SDPA's attn_mask for a score bias and a causal mask, as the graph applied them: above
+    the diagonal of the (q_len, k_len) scores (aligned at the top left, as is_causal and
+    torch.tril are) a masked score is the mask's floor (-inf, finfo.min, times any scale after
+    it), plus the bias where the bias came after the mask. A score plus the floor rounds to the
+    floor, so scores + this mask is what the graph computed, also in a row the bias masks whole
+    (a padded query's), where the floors decide which keys the row sees."""
+    above = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).triu(1)
+    if bias_first:
+        return bias.masked_fill(above, floor)
+    return torch.where(above, bias + floor, bias)
+
+
 class SdpaAttention(Impl):
     """Hand-written attention (matmul, scale, causal mask or additive bias, softmax, matmul) as
     one call of torch's scaled_dot_product_attention on the graph's own Q, K, V views. An
     additive bias (T5's position bias, BERT's padding mask) is its attn_mask, in Q's dtype: the
-    scores are scaled first, then the bias added, as the pattern's step order says."""
+    scores are scaled first, then the bias added, as the pattern's step order says. SDPA takes
+    is_causal or an attn_mask, not both: a bias under a causal mask (a decoder's position bias or
+    padding mask) gets -inf above the diagonal and goes as the attn_mask alone."""
 
     def __init__(self, pattern: Mapping[str, Any]):
         if pattern.get("rule") == "attention_sdpa":
@@ -587,11 +604,11 @@ class SdpaAttention(Impl):
         _attention_steps(pattern)
         attrs = pattern.get("attrs") or {}
         self.causal = bool(attrs.get("causal"))
-        self.bias = "bias" in (pattern.get("epilogue") or [])
-        if self.bias and self.causal:
-            raise NotSupportedError(
-                "a score bias and a causal mask: SDPA takes is_causal or an attn_mask, not both"
-            )
+        steps = list(pattern.get("epilogue") or [])
+        self.bias = "bias" in steps
+        if self.bias and self.causal:  # (floor, whether the bias came before the mask)
+            first = steps.index("bias") < steps.index("causal_mask")
+            self.floor = (float(attrs.get("mask_floor", "-inf")), first)
         self.scale = float(attrs.get("scale", 0.0)) or None
         detail = {"causal": self.causal, "scale": self.scale}
         if self.bias:
@@ -612,6 +629,13 @@ class SdpaAttention(Impl):
                 info = torch.finfo(q_val.dtype)
                 bias = graph.call_function(aten.clamp.default, (bias, info.min, info.max))
                 bias = graph.call_function(aten.to.dtype, (bias, q_val.dtype))
+            if self.causal:
+                k_val = io.k.meta.get("val")
+                if not isinstance(k_val, torch.Tensor):
+                    raise NotSupportedError(f"the shape of {io.k.name} is unknown")
+                shape = (q_val.shape[-2], k_val.shape[-2])
+                bias = graph.call_function(causal_floor, (bias, *shape, *self.floor))
+                kwargs["is_causal"] = False
             kwargs["attn_mask"] = bias
         attn = graph.call_function(_SDPA, (io.q, io.k, io.v), kwargs)
         return copy_tail(graph, reg, io.value, attn)
