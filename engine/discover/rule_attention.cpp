@@ -403,6 +403,9 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
     if (!mask_nodes.empty()) chains.push_back(mask_nodes);
     ++progress;
   }
+  if (causal && !(floor < 0)) {  // -inf * -0.5 is +inf: eager's softmax is NaN there
+    return miss(rule, root, root, progress, "a scale by a factor <= 0 after the causal mask unmasks it");
+  }
   const int qk = cur;
   if (!single_use(g, qk)) return miss(rule, root, qk, progress, "the scores Q @ K^T are also used elsewhere");
   nodes.push_back(qk);

@@ -393,6 +393,21 @@ TEST(RuleAttention, ABiasUnderACausalMaskKeepsTheMasksFloor) {
   expect_nothing_dropped(p);
 }
 
+TEST(RuleAttention, ANegativeScaleAfterTheCausalMaskIsAMiss) {
+  GraphBuilder b = qkv_inputs();
+  b.buffer("tril", T("bool", {16, 16}), {{"tril", true}});
+  b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
+  b.call("s", "aten.matmul.default", {N("q"), N("kt")}, kScores);
+  b.call("eqm", "aten.eq.Scalar", {N("tril"), 0}, T("bool", {16, 16}));
+  b.call("mf", "aten.masked_fill.Scalar", {N("s"), N("eqm"), Float("-inf")}, kScores);
+  b.call("sc", "aten.mul.Tensor", {N("mf"), -0.5}, kScores);
+  b.call("sm", "aten._softmax.default", {N("sc"), -1, false}, kScores);
+  b.call("o", "aten.matmul.default", {N("sm"), N("v")}, kQkv);
+  const auto p = plan(b);
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "a scale by a factor <= 0 after the causal mask unmasks it"));
+}
+
 TEST(RuleAttention, ABiasAddedWithAnAlphaIsNoBias) {
   const auto p = plan(biased_attention_graph("alpha"));
   for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
