@@ -1,6 +1,8 @@
 """GPT-2 block as Hugging Face's eager path writes it: Conv1D layers (addmm with a row-major
 [in, out] weight), a bool tril buffer with torch.where and finfo.min as the causal mask, the
-scores divided by a 0-dim tensor, the tanh GELU written out.
+scores divided by a 0-dim tensor, the tanh GELU written out. An optional 0/1 attention mask
+per key (batched inference with padding) is made additive and added to the masked scores, as
+Hugging Face's eager path does; gpt2_padded_block.py passes one.
 
 Batch 32, sequence 1024, width 768, 12 heads of 64. A module FACT was not developed against: a
 generality check.
@@ -46,7 +48,7 @@ class Model(nn.Module):
             "bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq)
         )
 
-    def attn(self, x):
+    def attn(self, x, attention_mask=None):
         b, s, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (t.view(b, s, self.heads, -1).permute(0, 2, 1, 3) for t in (q, k, v))
@@ -55,12 +57,14 @@ class Model(nn.Module):
         mask = self.bias[:, :, :s, :s]
         floor = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
         w = torch.where(mask, w.to(w.dtype), floor)
+        if attention_mask is not None:  # batched inference: 0/1 per key, made additive
+            w = w + (1.0 - attention_mask[:, None, None, :].to(w.dtype)) * torch.finfo(w.dtype).min
         w = nn.functional.softmax(w, dim=-1).type(v.dtype)
         y = torch.matmul(w, v).permute(0, 2, 1, 3).contiguous().view(b, s, c)
         return self.attn_proj(y)
 
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x, attention_mask=None):
+        x = x + self.attn(self.ln_1(x), attention_mask)
         return x + self.mlp_proj(gelu_new(self.c_fc(self.ln_2(x))))
 
 

@@ -2086,26 +2086,40 @@ def test_causal_floor_masks_as_the_graph_did(dtype, bias_first, floor):
     )
 
 
-def test_hugging_face_gpt2_attention_is_one_attention(engine_available, tmp_path):
+@pytest.mark.parametrize("padded", [False, True])
+def test_hugging_face_gpt2_attention_is_one_attention(engine_available, tmp_path, padded):
     """GPT-2 as Hugging Face's eager path writes it (bench/zoo/gpt2_block.py): scores divided
     by a 0-dim torch.full, masked by torch.where(tril, scores, finfo.min). One causal attention
-    pattern with the scale 1/sqrt(d), checked like any other; nothing left to PyTorch."""
+    pattern with the scale 1/sqrt(d), checked like any other; nothing left to PyTorch. With a
+    padding mask (gpt2_padded_block.py) it has a bias too, and only SDPA takes it."""
     from fact.problem import import_problem_module
 
     torch.manual_seed(36)
     module = import_problem_module(REPO / "bench" / "zoo" / "gpt2_block.py")
     model, x = module.Model(width=64, heads=4, seq=32).eval(), torch.randn(2, 32, 64)
-    plan = fact.discover(model, [x])
+    mask = torch.ones(2, 32)
+    mask[1, -9:] = 0
+    inputs = [x, mask] if padded else [x]
+    plan = fact.discover(model, inputs)
     assert plan["pytorch_nodes"] == []
     (pattern,) = [p for p in plan["patterns"] if p["family"] == "attention"]
-    assert pattern["epilogue"] == ["scale", "causal_mask", "softmax"]
+    steps = (
+        ["scale", "causal_mask", "bias", "softmax"]
+        if padded
+        else ["scale", "causal_mask", "softmax"]
+    )
+    assert pattern["epilogue"] == steps
     assert pattern["attrs"]["causal"] is True and pattern["attrs"]["scale"] == pytest.approx(0.25)
-    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+    twins = None if padded else attention_twins  # the FMHA twin refuses a bias
+    opt = fact.optimize(model, inputs, implementations=twins, require_faster=False,
                         use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
     (att,) = by_family(opt.report, "attention")
-    assert att["chosen"] in ("reference:ref", "sdpa") and all(c["ok"] for c in att["candidates"])
-    y = torch.randn_like(x)
-    assert rel_err(opt(y), eager(model, y)) < 1e-5
+    assert att["chosen"] == "sdpa" if padded else att["chosen"] in ("reference:ref", "sdpa")
+    assert att["candidates"] and all(c["ok"] for c in att["candidates"]), att
+    y, m = torch.randn_like(x), torch.ones_like(mask)
+    m[0, :4] = 0  # left padding: the first rows see only padded keys
+    again = [y, m] if padded else [y]
+    assert rel_err(opt(*again), eager(model, *again)) < 1e-5
 
 
 def test_sdpa_pattern_has_no_library_twin_but_a_generated_one(engine_available):

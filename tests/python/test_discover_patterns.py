@@ -143,6 +143,14 @@ ZOO = {
         ("gemm", ("bias",)): 1,
         ("norm", ("weight", "bias")): 2,
     },
+    "gpt2_padded": {  # the same with a 0/1 padding mask made additive: a bias under the causal mask
+        ("attention", ("scale", "causal_mask", "bias", "softmax")): 1,
+        ("pointwise", ("sub", "mul")): 1,  # (1 - mask) * finfo.min
+        ("gemm", ("bias", "gelu_tanh")): 1,
+        ("gemm", ("bias", "residual")): 2,
+        ("gemm", ("bias",)): 1,
+        ("norm", ("weight", "bias")): 2,
+    },
     "vit": {  # nn.MultiheadAttention's export: in_proj, SDPA, out_proj on (seq, batch) rows
         ("gemm", ("bias",)): 2,
         ("gemm", ("bias", "gelu_erf")): 1,
