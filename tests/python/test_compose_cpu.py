@@ -491,7 +491,9 @@ def test_in_place_update_of_the_causal_mask_buffer_is_seen(ref_opt):
         with torch.no_grad():
             model.attn.bias.fill_(1.0)  # no mask at all: eager attends to the future now
         assert rel_err(eager(model, x), before) > 1e-3  # the update matters to eager
-        with pytest.warns(UserWarning, match=r"buffers \['attn.bias'\] changed after optimize"):
+        with pytest.warns(
+            UserWarning, match=r"tensor attributes \['attn.bias'\] changed after optimize"
+        ):
             assert rel_err(opt(x), eager(model, x)) < 1e-5
     finally:
         with torch.no_grad():
@@ -777,6 +779,100 @@ def test_work_on_parameters_alone_is_done_once_and_again_when_they_change(
     with torch.no_grad():
         model.b.add_(1)
     assert rel_err(opt(y), eager(model, y)) < 1e-6 and len(computed) == 3
+
+
+def test_a_first_call_under_inference_mode_keeps_parameter_work_updatable(
+    engine_available, tmp_path
+):
+    """The work on parameters alone, first computed under torch.inference_mode(), is kept as
+    normal tensors: a later update outside it is copied in, not refused for good."""
+    torch.manual_seed(38)
+    model, x = WeightNormLinear().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    assert opt._hoist.hoisted_names
+    with torch.inference_mode():
+        assert rel_err(opt(x), eager(model, x)) < 1e-6
+    with torch.no_grad():
+        model.g.mul_(2)
+    assert rel_err(opt(x), eager(model, x)) < 1e-6
+    with torch.inference_mode():
+        model.g.mul_(0.5)  # an update made under inference mode
+        assert rel_err(opt(x), model(x)) < 1e-6
+
+
+def test_writes_through_data_are_seen_after_refresh(engine_available, tmp_path):
+    """`.data` writes bump no version counter: the kept work on parameters and the watched
+    masks cannot see them, and opt.refresh() says to look again."""
+    torch.manual_seed(39)
+    model, x = WeightNormLinear().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    before = opt(x)
+    model.g.data.mul_(2)
+    assert torch.equal(opt(x), before)  # the documented limit: unseen
+    opt.refresh()
+    assert rel_err(opt(x), eager(model, x)) < 1e-6 and rel_err(opt(x), before) > 1e-3
+
+    attn = HandWrittenAttention().eval()
+    y = torch.randn(2, 32, 64)
+    opt = fact.optimize(attn, [y], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "a", quiet=True)  # fmt: skip
+    saved = attn.bias.clone()
+    try:
+        attn.bias.data.fill_(1.0)  # no mask at all now
+        opt.refresh()
+        with pytest.warns(UserWarning, match=r"\['bias'\] changed after optimize"):
+            assert rel_err(opt(y), eager(attn, y)) < 1e-6
+    finally:
+        attn.bias.data.copy_(saved)
+
+
+def test_an_optimized_module_copies_but_refuses_to_be_saved(ref_opt):
+    """A deep copy runs on its own copy of the model; pickling (torch.save) fails at once with
+    what to do instead, not later at load time."""
+    import copy as copy_mod
+    import io
+    import pickle
+
+    model, x, opt, _ = ref_opt
+    twin = copy_mod.deepcopy(opt)
+    assert twin.original is not model and rel_err(twin(x), opt(x)) == 0.0
+    for save in (lambda: pickle.dumps(opt), lambda: torch.save(opt, io.BytesIO())):
+        with pytest.raises(FactError, match="cannot be saved.*Save the original model"):
+            save()
+
+
+class PlainAttributes(nn.Module):
+    """A gain and a tril mask kept as plain tensor attributes, not buffers: torch.export lifts
+    them as constants."""
+
+    def __init__(self, seq=16):
+        super().__init__()
+        self.inner = HandWrittenAttention(seq=seq)
+        del self.inner.bias
+        self.inner.bias = torch.tril(torch.ones(seq, seq)).view(1, 1, seq, seq)
+        self.gain = torch.full((64,), 2.0)
+
+    def forward(self, x):
+        return self.inner(x) * self.gain
+
+
+def test_plain_tensor_attributes_are_read_live_and_watched(engine_available, tmp_path):
+    torch.manual_seed(40)
+    model, x = PlainAttributes().eval(), torch.randn(2, 16, 64)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    assert [a["family"] for a in opt.report["patterns"] if a["chosen"] != "pytorch"].count(
+        "attention"
+    ) == 1
+    model.gain = torch.full((64,), -1.0)  # a new tensor for the attribute
+    assert rel_err(opt(x), eager(model, x)) < 1e-6
+    model.gain.mul_(3)  # and one updated in place
+    assert rel_err(opt(x), eager(model, x)) < 1e-6
+    model.inner.bias.fill_(1.0)  # the mask the plan turned into a causal flag
+    with pytest.warns(UserWarning, match=r"\['inner.bias'\] changed after optimize"):
+        assert rel_err(opt(x), eager(model, x)) < 1e-6
 
 
 def test_hoisted_values_never_reach_the_caller():
@@ -1129,6 +1225,55 @@ def test_report_says_which_math_an_fp32_attention_kernel_ran(ref_opt):
     assert AttentionImpl(pattern, "cutlass", lib, label="k").detail["math"] == "3xtf32"
     bf16 = AttentionImpl(attention_pattern(), "cutlass", StubAttentionLibrary(), label="k")
     assert "math" not in bf16.detail
+
+
+class RaisingGemm(GemmImpl):
+    """The reference twin, except that composing it raises (a kernel refused in the module)."""
+
+    def __init__(self, pattern):
+        super().__init__(pattern, "reference", label="raises")
+
+    def emit(self, graph, reg, pattern):
+        raise RuntimeError("refused in the composed module on purpose")
+
+
+def test_two_patterns_that_break_the_module_fall_back_and_only_they(ref_opt):
+    """With two patterns each making the composed module raise, no single fallback helps; the
+    check then composes each pattern alone, drops exactly the two that raise, keeps the good
+    ones, and each report row says what raised, names the dropped implementation and no longer
+    claims it runs there."""
+    model, x, opt, run_dir = ref_opt
+    program = opt._program
+    plan = json.loads((run_dir / "plan.json").read_text())
+    gemms = [i for i, p in enumerate(plan["patterns"]) if p["family"] == "gemm"]
+    assert len(gemms) >= 4
+    bad = set(gemms[1:3])
+    decisions = []
+    for i, p in enumerate(plan["patterns"]):
+        d = {"index": i, "family": p["family"], "reason": ""}
+        if i in gemms:
+            impl = RaisingGemm(p) if i in bad else GemmImpl(p, "reference", label="good")
+            d.update(impl=impl, chosen=impl.name, kind=impl.kind, error=1e-7)
+        decisions.append(d)
+    tol = tolerances(torch.float32, "highest")[1]
+    gm, record = verify_end_to_end(model, program, plan, decisions, [x], tol, Progress(quiet=True))
+    assert record["passed"] is True
+    assert record["attempts"][0]["error"] == math.inf
+    assert "refused in the composed module on purpose" in record["attempts"][0]["failure"]
+    assert sorted(record["attempts"][-1]["patterns"]) == sorted(set(gemms) - bad)
+    assert len(record["attempts"]) == 3  # all four, then one dropped at a time
+    for i in gemms:
+        d = decisions[i]
+        if i in bad:
+            assert d["fallback"] is True and d["chosen"] == "pytorch", d
+            assert d["fallback_from"] == "reference:raises"
+            assert d["reason"] == (
+                "fell back to PyTorch: the composed module raised RuntimeError: refused in the "
+                "composed module on purpose with it"
+            )
+        else:
+            assert not d.get("fallback") and d["chosen"] == "reference:good"
+    assert len(calls(gm, run_gemm_pattern)) == len(gemms) - 2
 
 
 def test_report_markdown_marks_a_fallback(ref_opt):
@@ -1559,14 +1704,18 @@ def test_rms_norm_op_without_eps_uses_the_float_epsilon(engine_available, tmp_pa
 
 
 def test_inputs_named_like_builtins_can_be_replaced(engine_available, tmp_path):
-    """nn.Sequential's placeholder is `input`, which FX renames in a subgraph."""
+    """nn.Sequential's placeholder is `input`, which FX renames in a copy of the graph (to
+    `input_1`); the plan still says `input`, so the copy the composition edits keeps the
+    exported names, and both linear layers run as their implementations."""
     torch.manual_seed(22)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU()).eval()
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
     x = torch.randn(8, 32)
     opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
                         use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
-    (p,) = opt.report["patterns"]
-    assert p["chosen"].startswith("reference:"), p
+    assert opt.report["replaced"] == len(opt.report["patterns"]) == 2
+    for p in opt.report["patterns"]:
+        assert p["chosen"].startswith("reference:") and not p.get("fallback"), p
+    assert [a["error"] for a in opt.report["verification"]["attempts"]][0] < 1e-6
     assert rel_err(opt(x), eager(model, x)) < 1e-6
 
 

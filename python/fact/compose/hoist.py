@@ -11,7 +11,8 @@ tensor's identity, storage and version counter, so an in-place update (`w.mul_(2
 no_grad, `load_state_dict`, an optimizer step) or a new Parameter assigned to the attribute is
 seen by the next call. A recomputed value is copied into the kept tensor when its shape allows,
 so a captured CUDA graph that reads it stays valid. Writes through `.data` bypass the version
-counter and are not seen (as for the watched buffers, Program.stale_buffers).
+counter and are not seen (as for the watched buffers, Program.stale_buffers) until
+OptimizedModule.refresh().
 
 Only work worth keeping is hoisted: a node that computes (not a view or alias of a parameter,
 which costs nothing) and is read by the per-call graph. Random ops, and values the module
@@ -152,6 +153,11 @@ class Hoist:
         graph.eliminate_dead_code()
         return fx.GraphModule(gm, graph)
 
+    def forget(self) -> None:
+        """Compute the hoisted values again on the next call (after a write no version counter
+        shows: OptimizedModule.refresh)."""
+        self._key = None
+
     def values(self, state: Sequence[Any]) -> list[torch.Tensor]:
         """The hoisted values for the model's state now (computed again when it changed)."""
         if self.prologue is None:
@@ -162,10 +168,15 @@ class Hoist:
         )
         if key == self._key:
             return self._kept
-        with torch.no_grad():
+        # Normal tensors even on a first call under torch.inference_mode(): an inference tensor
+        # kept here could never be updated in place by a later call outside it.
+        with torch.inference_mode(False), torch.no_grad():
             fresh = list(self.prologue(*state))
             same = len(fresh) == len(self._kept) and all(
-                k.shape == f.shape and k.dtype == f.dtype and k.device == f.device
+                k.shape == f.shape
+                and k.dtype == f.dtype
+                and k.device == f.device
+                and not k.is_inference()
                 for k, f in zip(self._kept, fresh, strict=True)
             )
             if same:

@@ -198,6 +198,36 @@ class OptimizedModule(nn.Module):
             object.__setattr__(self, "_warned_unlike", True)
         return True
 
+    # Copies, yes; pickles, no. The kernels it calls are loaded into this process (handles in a
+    # registry of the process), so a saved module could not run anywhere else.
+    def __copy__(self) -> OptimizedModule:
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def __deepcopy__(self, memo: dict) -> OptimizedModule:
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return new
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise FactError(
+            "an optimized module cannot be saved: the kernels it calls are loaded into this "
+            "process. Save the original model (its state_dict) and call fact.optimize again "
+            "after loading it; with the kernel cache and registry warm that compiles and tunes "
+            "nothing"
+        )
+
+    def refresh(self) -> None:
+        """Take the model's state as it is now. Updates FACT sees by itself are in-place ops
+        (which bump a tensor's version counter) and new tensors assigned to the attributes;
+        after a write it cannot see (through `.data`, or by code outside PyTorch), call this:
+        the work done once on parameters is computed again on the next call, and the watched
+        buffers and tensor attributes are compared by value."""
+        self._hoist.forget()
+        self._program.recheck_watched()
+
     @property
     def graph_module(self):
         return self._graph_module
@@ -212,7 +242,7 @@ class OptimizedModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.no_grad():
-            if getattr(self, "use_original", False):  # absent in modules pickled before it
+            if getattr(self, "use_original", False):  # absent in modules copied before it
                 return self.original(*args, **kwargs)
             flat = self._program.flatten(args, kwargs)
             state = self._program.state_inputs()  # once per call: guard, replay key, graph
@@ -234,9 +264,9 @@ class OptimizedModule(nn.Module):
         """The exported graph as traced: the plan may have relied on the old buffer values."""
         if not getattr(self, "_warned_stale", False):
             warnings.warn(
-                f"FACT: buffers {stale} changed after optimize, and the plan may rely on their "
-                "values (a causal mask, a constant); this module now runs the original graph. "
-                "Optimize again to get kernels for the new values.",
+                f"FACT: buffers or tensor attributes {stale} changed after optimize, and the "
+                "plan may rely on their values (a causal mask, a constant); this module now runs "
+                "the original graph. Optimize again to get kernels for the new values.",
                 stacklevel=3,
             )
             object.__setattr__(self, "_warned_stale", True)
@@ -630,9 +660,11 @@ def verify_end_to_end(
         "attempts": [],
     }
     while True:
-        gm, err = _composed_error(program, plan, decisions, flat, ref)
+        gm, err, failure = _composed_error(program, plan, decisions, flat, ref)
         active = [d for d in decisions if d.get("impl") is not None and not d.get("fallback")]
         record["attempts"].append({"error": err, "patterns": [d["index"] for d in active]})
+        if failure:
+            record["attempts"][-1]["failure"] = failure
         progress(
             f"end-to-end check: error {err:.3g} against {against} "
             f"(eager {eager_err:.3g}, bound {bound:.3g}), {len(active)} patterns replaced"
@@ -641,43 +673,65 @@ def verify_end_to_end(
             record["error"] = err
             record["passed"] = err <= bound
             return gm, record
-        worst = _most_harmful(program, plan, decisions, active, flat, ref)
+        worst, why = _most_harmful(program, plan, decisions, active, flat, ref)
+        why = why or (f"the composed module raised {failure} with it" if failure else "")
         worst["fallback"] = True
+        worst["fallback_from"] = worst.get("chosen")
+        worst["chosen"], worst["kind"] = "pytorch", ""
         worst["reason"] = (
-            f"fell back to PyTorch: the module's end-to-end error was {err:.3g} "
+            f"fell back to PyTorch: {why}"
+            if why
+            else f"fell back to PyTorch: the module's end-to-end error was {err:.3g} "
             f"(bound {bound:.3g}) with it"
         )
         progress(f"pattern {worst['index']} falls back to PyTorch: {worst['reason']}")
 
 
-def _composed_error(program, plan, decisions, flat, ref) -> tuple[Any, float]:
-    """Compose with the active decisions and measure; a composition or run that raises counts
-    as an infinite error (it falls back like a wrong one)."""
+def _composed_error(program, plan, decisions, flat, ref) -> tuple[Any, float, str]:
+    """Compose with the active decisions and measure: (graph module, error, failure). A
+    composition or run that raises counts as an infinite error (it falls back like a wrong
+    one); `failure` then says what raised, else it is empty."""
     gm = None
     try:
         gm = compose(program, plan, decisions)
         run = direct_calls(gm) if runs_eagerly(flat) else gm  # as the module will run it
         with torch.no_grad():
             out = program.unflatten(list(run(*program.state_inputs(), *flat)))
-        return gm, rel_err(out, ref)
-    except Exception:  # noqa: BLE001 - any failure of a replacement is a reason to drop it
+        return gm, rel_err(out, ref), ""
+    except Exception as exc:  # noqa: BLE001 - any failure of a replacement is a reason to drop it
         if not any(d.get("impl") is not None and not d.get("fallback") for d in decisions):
             raise  # the original graph itself fails: nothing to fall back to
-        return gm, math.inf
+        return gm, math.inf, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
 
 
-def _most_harmful(program, plan, decisions, active, flat, ref) -> dict[str, Any]:
-    """The active pattern whose fallback alone lowers the module's error the most."""
+def _most_harmful(program, plan, decisions, active, flat, ref) -> tuple[dict[str, Any], str]:
+    """The active pattern whose fallback alone lowers the module's error the most, and what it
+    did (the failure it raised, where it raised one; else empty). Where no single fallback
+    helps (two patterns break the module), each active pattern is composed alone instead, and
+    the first that breaks the module by itself is the one."""
     best, best_err = active[0], math.inf
     for d in active:
         d["fallback"] = True
         try:
-            _, err = _composed_error(program, plan, decisions, flat, ref)
+            _, err, _ = _composed_error(program, plan, decisions, flat, ref)
         finally:
             d["fallback"] = False
         if err < best_err:
             best, best_err = d, err
-    return best
+    if math.isfinite(best_err):
+        return best, ""
+    for d in active:
+        others = [o for o in active if o is not d]
+        for o in others:
+            o["fallback"] = True
+        try:
+            _, err, failure = _composed_error(program, plan, decisions, flat, ref)
+        finally:
+            for o in others:
+                o["fallback"] = False
+        if not math.isfinite(err):
+            return d, f"the composed module raised {failure} with it" if failure else ""
+    return best, ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -921,7 +975,9 @@ def _optimize_once(
         program.watch(
             n["target"]
             for n in graph["nodes"]
-            if n.get("op") == "placeholder" and n.get("kind") == "buffer" and n.get("facts")
+            if n.get("op") == "placeholder"
+            and n.get("kind") in ("buffer", "constant")
+            and n.get("facts")
         )
         run = Path(run_dir) if run_dir else cache_root() / "runs" / key[:16]
         run.mkdir(parents=True, exist_ok=True)

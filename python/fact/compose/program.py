@@ -81,17 +81,36 @@ class Program:
                 f"{', '.join(random)}: active dropout?); FACT optimizes inference, so call "
                 "model.eval() first"
             )
-        # Buffers whose values the plan may rely on (a tril buffer becomes a causal flag):
-        # remember the tensor, its version and its values, so a later change is noticed.
+        # Buffers and tensor constants whose values the plan may rely on (a tril buffer becomes
+        # a causal flag): remember the tensor, its version and its values, so a later change
+        # is noticed.
         self.watched: list[tuple[str, torch.Tensor, int, torch.Tensor]] = []
-        self.watch(spec.target for spec in self.input_specs if spec.kind == InputKind.BUFFER)
+        self.watch(
+            spec.target
+            for spec in self.input_specs
+            if spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+        )
 
     def watch(self, targets: Iterable[str]) -> None:
-        """Watch exactly these buffers (by name) for changes from now on."""
+        """Watch exactly these buffers and tensor constants (by name) for changes from now on."""
         self.watched = []
         for name in targets:
-            t = self.model.get_buffer(name)
+            t = self.state_tensor(name)
             self.watched.append((name, t, t._version, t.detach().clone()))
+
+    def state_tensor(self, target: str) -> torch.Tensor:
+        """A buffer or tensor constant of the model as it is now: the module's attribute (a
+        buffer, or a plain tensor attribute, which torch.export lifts as a constant and would
+        otherwise keep as a snapshot), else the program's constant (a tensor made in forward)."""
+        prefix, _, attr = target.rpartition(".")
+        try:
+            owner = self.model.get_submodule(prefix) if prefix else self.model
+        except AttributeError:
+            owner = None
+        value = getattr(owner, attr, None) if owner is not None else None
+        if isinstance(value, torch.Tensor):
+            return value
+        return self.exported.constants[target]
 
     def mutated_inputs(self) -> list[str]:
         """Placeholders (parameters, buffers, inputs) that an in-place op of the graph writes,
@@ -134,16 +153,22 @@ class Program:
                 found.append(n.name)
         return found
 
+    def recheck_watched(self) -> None:
+        """Compare every watched tensor by value at the next stale_buffers() (after writes the
+        version counter does not show, such as through `.data`)."""
+        self.watched = [(name, t, -1, values) for name, t, _, values in self.watched]
+
     def stale_buffers(self) -> list[str]:
         """Watched buffers that were replaced or hold other values since the program was built.
 
         The check per call is the tensor's identity and version counter; a changed version with
         unchanged values (load_state_dict of the same checkpoint) is compared once and
-        accepted. Writes through `.data` bypass the version counter and are not seen.
+        accepted. Writes through `.data` bypass the version counter and are not seen until
+        recheck_watched() (OptimizedModule.refresh()).
         """
         stale = []
         for i, (name, tensor, version, values) in enumerate(self.watched):
-            now = self.model.get_buffer(name)
+            now = self.state_tensor(name)
             if now is tensor and now._version == version:
                 continue
             same = now.shape == values.shape and now.dtype == values.dtype
@@ -160,9 +185,9 @@ class Program:
         for spec in self.input_specs:
             if spec.kind == InputKind.PARAMETER:
                 values.append(self.model.get_parameter(spec.target))
-            elif spec.kind == InputKind.BUFFER:
-                values.append(self.model.get_buffer(spec.target))
-            elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                values.append(self.state_tensor(spec.target))
+            elif spec.kind == InputKind.CUSTOM_OBJ:
                 values.append(self.exported.constants[spec.target])
             elif spec.kind == InputKind.USER_INPUT:
                 continue
@@ -204,7 +229,14 @@ class Program:
         return values
 
     def copy_graph(self) -> fx.Graph:
-        return copy.deepcopy(self.graph_module.graph)
+        """A copy of the exported graph whose nodes keep their names, which the plan uses: a
+        copy through FX renames a node named like a Python builtin (nn.Sequential's `input`
+        becomes `input_1`). Names set as torch.export sets them; the code FX generates still
+        renames what it must."""
+        graph = copy.deepcopy(self.graph_module.graph)
+        for old, new in zip(self.graph_module.graph.nodes, graph.nodes, strict=True):
+            new.name = old.name
+        return graph
 
     def module(self, graph: fx.Graph) -> fx.GraphModule:
         return fx.GraphModule(self.graph_module, graph)

@@ -181,11 +181,13 @@ def _clocks(rounds: Sequence[Mapping[str, int] | None] | None) -> str:
 
 def _runner_up(pattern: Mapping[str, Any]) -> str:
     """The fastest verified candidate that was not chosen ("next: <impl> 0.234 ms"), so a
-    reader sees by how much the choice won; empty when there is none."""
+    reader sees by how much the choice won; empty when there is none (an implementation the
+    end-to-end check dropped is no runner-up)."""
+    taken = (pattern.get("chosen"), pattern.get("fallback_from"))
     others = [
         c
         for c in pattern.get("candidates") or []
-        if c.get("ok") and c.get("time_us") and c.get("impl") != pattern.get("chosen")
+        if c.get("ok") and c.get("time_us") and c.get("impl") not in taken
     ]
     if not others:
         return ""
