@@ -1445,13 +1445,25 @@ def test_optimize_refuses_training_mode_dropout(engine_available, tmp_path):
 
 
 def test_calling_with_a_different_argument_structure_raises(engine_available, tmp_path):
+    """A call forward takes in another form runs (x by keyword); one it does not, or one of
+    another structure than the example's, is refused with both structures named."""
     torch.manual_seed(11)
     model, x = SmallGelu().eval(), torch.randn(4, 32)
     opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", require_faster=False)
     assert rel_err(opt(x), eager(model, x)) < 1e-6
-    for args, kwargs in [((x, x), {}), (([x],), {}), ((), {"x": x}), ((), {})]:
-        with pytest.raises(FactError, match="SmallGelu was built for calls shaped like"):
+    assert rel_err(opt(x=x), eager(model, x)) < 1e-6  # by keyword, as the model takes it
+    for args, kwargs, got in [
+        ((x, x), {}, "(x, x)"),
+        (([x],), {}, "([x])"),
+        ((), {"y": x}, "(y=x)"),
+        ((), {}, "()"),
+    ]:
+        with pytest.raises(FactError) as err:
             opt(*args, **kwargs)
+        assert str(err.value).startswith(
+            f"the optimized SmallGelu was built for calls like forward(x), as in the example; "
+            f"got forward{got}."
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -190,9 +190,10 @@ class OptimizedModule(nn.Module):
             return False
         if not getattr(self, "_warned_unlike", False):
             warnings.warn(
-                "FACT: this module was optimized for other input shapes, dtypes or devices (or "
-                "its parameters changed dtype or device since); it runs the original module "
-                "for such calls. Optimize again for the new ones.",
+                "FACT: this module was optimized for other input shapes, dtypes or devices, or "
+                "other values of its non-tensor arguments (or its parameters changed dtype or "
+                "device since); it runs the original module for such calls. Optimize again for "
+                "the new ones.",
                 stacklevel=3,
             )
             object.__setattr__(self, "_warned_unlike", True)

@@ -10,6 +10,7 @@ assigned to the attribute, is seen by the next call.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -198,13 +199,24 @@ class Program:
         return values
 
     def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> list[Any]:
-        """The user's call arguments as the graph's user-input placeholders."""
+        """The user's call arguments as the graph's user-input placeholders. Arguments passed
+        by keyword that the example passed by position (`opt(x=x)`, Hugging Face's
+        `model(input_ids=..., attention_mask=...)`) are bound to forward's signature first."""
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
         expected = self.in_spec
-        if expected is not None and spec != expected:
+        if expected is None or spec == expected:
+            return flat
+        if kwargs:
+            try:
+                bound = inspect.signature(self.model.forward).bind(*args, **kwargs)
+                flat, spec = pytree.tree_flatten((bound.args, bound.kwargs))
+            except (TypeError, ValueError):
+                pass  # not a call forward takes: said below
+        if spec != expected:
             raise FactError(
-                f"the optimized {type(self.model).__name__} was built for calls shaped like "
-                f"{expected}, got {spec}; call it the way it was traced"
+                f"the optimized {type(self.model).__name__} was built for calls like "
+                f"forward{_call_shape(expected)}, as in the example; got "
+                f"forward{_call_shape(spec)}. Call it that way, or optimize it again for these"
             )
         return flat
 
@@ -240,6 +252,21 @@ class Program:
 
     def module(self, graph: fx.Graph) -> fx.GraphModule:
         return fx.GraphModule(self.graph_module, graph)
+
+
+def _call_shape(spec: pytree.TreeSpec) -> str:
+    """A call's argument structure for a message: `(x, [x, x], mask=x)`, x for each value."""
+    args, kwargs = pytree.tree_unflatten(["x"] * spec.num_leaves, spec)
+
+    def shape(v: Any) -> str:
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(shape(i) for i in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k!r}: {shape(i)}" for k, i in v.items()) + "}"
+        return str(v)
+
+    parts = [shape(a) for a in args] + [f"{k}={shape(v)}" for k, v in kwargs.items()]
+    return "(" + ", ".join(parts) + ")"
 
 
 def _view_base(value: Any) -> Any:
