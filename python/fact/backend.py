@@ -3,17 +3,32 @@
 Dynamo hands over each captured graph with its example inputs; FACT optimizes that graph like
 any module (fact.optimize) and returns the composed module's call. If FACT cannot optimize a
 graph, the graph runs as Dynamo captured it and a warning says why: the model never breaks.
+
+Dynamo passes the model's parameters and buffers to its graphs as inputs. FACT takes them back
+as the state of the graph's module (the same tensors, not copies): a tril buffer is then known
+to be a causal mask, work on weights alone is done once, and in-place updates are seen as with
+fact.optimize. A tensor Dynamo passes in place of one it passed before (an attribute assigned a
+new tensor) is taken as the new state.
+
 The backend is registered under the name "fact" by the `torch_dynamo_backends` entry point of
-FACT's package (and by importing this module).
+FACT's package, and by importing this module where that entry point is not installed.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
+
+from fact.compose import optimize as optimize_mod
+from fact.errors import FactError
+
+_OPTIMIZE_PARAMETERS = dict(inspect.signature(optimize_mod.optimize).parameters)
 
 
 def _real(t: Any) -> Any:
@@ -27,12 +42,115 @@ def _real(t: Any) -> Any:
     return torch.zeros(t.shape, dtype=t.dtype, device=t.device)
 
 
-def fact_backend(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any
-) -> Callable:
-    """Optimize one Dynamo graph; options are fact.optimize's keyword arguments."""
-    from fact.compose.optimize import optimize
+def _symbolic(t: Any) -> bool:
+    """A size Dynamo made symbolic (dynamic shapes), or a tensor with one."""
+    if isinstance(t, torch.SymInt):
+        return True
+    return isinstance(t, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in t.shape)
 
+
+def _source_name(node: torch.fx.Node) -> str:
+    """Where Dynamo took a graph input from (L['self']._modules['fc']._parameters['weight'])."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    if source is None:
+        return ""
+    name = source.name
+    return str(name() if callable(name) else name)
+
+
+def _is_state(node: torch.fx.Node, value: Any) -> bool:
+    """A parameter, buffer or tensor attribute of the model, which Dynamo passes as an input."""
+    if isinstance(value, nn.Parameter):
+        return True
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    guard = getattr(source, "guard_source", None)
+    guard = guard() if callable(guard) else guard
+    return isinstance(value, torch.Tensor) and "NN_MODULE" in str(guard)
+
+
+class CapturedGraph(nn.Module):
+    """A Dynamo graph as a module whose state is the model's: the graph inputs that are the
+    model's parameters and buffers are registered here (the same tensor objects), and forward
+    takes only the others, the user's inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]):
+        super().__init__()
+        self.graph_module = gm
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.slots: list[str | None] = []  # per graph input: its state name, or None (a user's)
+        used: set[str] = set()
+        for node, value in zip(placeholders, example_inputs, strict=True):
+            if not _is_state(node, value):
+                self.slots.append(None)
+                continue
+            # L['self']._modules['fc']._parameters['weight'] -> fc_weight
+            keys = [a or b for a, b in re.findall(r"\['([^']+)'\]|\.(\w+)", _source_name(node))]
+            parts = [p for p in keys[1:] if not p.startswith("_")] or [node.name]
+            name = base = re.sub(r"\W", "_", "_".join(parts))
+            while name in used or hasattr(self, name):
+                name = f"{base}_{len(used)}"
+            used.add(name)
+            self._take(name, value)
+            self.slots.append(name)
+
+    def _take(self, name: str, value: torch.Tensor) -> None:
+        if isinstance(value, nn.Parameter):
+            self.register_parameter(name, value)
+        else:
+            self.register_buffer(name, value)
+
+    def user_inputs(self, args: Sequence[Any]) -> list[Any]:
+        """The user's inputs among a call's graph inputs; state passed as another tensor than
+        before (an attribute assigned anew) becomes this module's state first."""
+        user = []
+        for slot, value in zip(self.slots, args, strict=True):
+            if slot is None:
+                user.append(value)
+            elif getattr(self, slot) is not value:
+                self._take(slot, value)
+        return user
+
+    def forward(self, *user: Any) -> Any:
+        it = iter(user)
+        args = [next(it) if slot is None else getattr(self, slot) for slot in self.slots]
+        return self.graph_module(*args)
+
+
+def _optimize_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """torch.compile's options= as fact.optimize's keyword arguments; a name optimize does not
+    take is an error (a typo must not quietly turn FACT off)."""
+    accepted = [
+        name
+        for name, p in _OPTIMIZE_PARAMETERS.items()
+        if p.kind == inspect.Parameter.KEYWORD_ONLY and name != "implementations"
+    ]
+    unknown = sorted(set(options or {}) - set(accepted))
+    if unknown:
+        raise FactError(
+            f"torch.compile(backend='fact', options=...): unknown option(s) {unknown}; FACT "
+            f"takes {', '.join(accepted)}"
+        )
+    return dict(options or {})
+
+
+def fact_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    options: Mapping[str, Any] | None = None,
+    mode: str | None = None,
+    **kwargs: Any,
+) -> Callable:
+    """Optimize one Dynamo graph. torch.compile's `options` are fact.optimize's keyword
+    arguments (for example {"candidates": 8, "cuda_graphs": False}); its `mode` has no
+    meaning here (FACT tunes, and chooses CUDA graph replay, by measurement)."""
+    settings = {**_optimize_options(options), **kwargs}
+    if mode not in (None, "default"):
+        warnings.warn(
+            f"torch.compile(mode={mode!r}) has no meaning for backend='fact', which tunes and "
+            "chooses CUDA graph replay by measurement; pass FACT's settings as options=",
+            stacklevel=2,
+        )
     grads = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in [*example_inputs, *gm.parameters()]
     )
@@ -43,19 +161,44 @@ def fact_backend(
             stacklevel=2,
         )
         return gm.forward
-    inputs = [_real(t) for t in example_inputs]
-    options.setdefault("quiet", True)
+    if any(_symbolic(t) for t in example_inputs):
+        warnings.warn(
+            "FACT optimizes graphs of static shapes; Dynamo made this one's sizes symbolic (a "
+            "call with new sizes recompiled it), so it runs as captured. Use "
+            "torch.compile(model, backend='fact', dynamic=False) to optimize each shape",
+            stacklevel=2,
+        )
+        return gm.forward
+    settings.setdefault("quiet", True)
     try:
-        opt = optimize(gm, inputs, **options)
+        module = CapturedGraph(gm, example_inputs)
+        user = [_real(t) for t in module.user_inputs(example_inputs)]
+        opt = optimize_mod.optimize(module, user, **settings)  # looked up now: tests replace it
     except Exception as exc:  # noqa: BLE001 - whatever fails, the model must still run
         warnings.warn(f"FACT could not optimize a graph; it runs as captured: {exc}", stacklevel=2)
         return gm.forward
-    return opt
+
+    def run(*args: Any) -> Any:
+        return opt(*module.user_inputs(args))
+
+    run.optimized = opt  # type: ignore[attr-defined]  # the OptimizedModule, for inspection
+    return run
 
 
-try:  # registering makes backend="fact" work without the package's entry point
-    from torch._dynamo import register_backend
+def _register() -> None:
+    """backend="fact" without the package's entry point (the source tree on PYTHONPATH). Where
+    the entry point is installed, torch loads this module through it and registers the name
+    itself: registering here too would make that a duplicate."""
+    from importlib.metadata import entry_points
 
-    register_backend(compiler_fn=fact_backend, name="fact")
-except (ImportError, RuntimeError, AssertionError):  # already registered, or no dynamo
-    pass
+    if any(e.name == "fact" for e in entry_points(group="torch_dynamo_backends")):
+        return
+    try:
+        from torch._dynamo import register_backend
+
+        register_backend(compiler_fn=fact_backend, name="fact")
+    except (ImportError, RuntimeError, AssertionError):  # already registered, or no dynamo
+        pass
+
+
+_register()

@@ -1575,6 +1575,102 @@ def test_torch_compile_backend_fact(engine_available, dynamo_reset, monkeypatch)
         assert rel_err(compiled(y), eager(model, y)) < 1e-6
 
 
+def test_torch_compile_backend_by_name_after_import_fact(engine_available, tmp_path):
+    """README's form: `import fact` then torch.compile(model, backend="fact"), in a fresh
+    process where torch finds the backend through the package's entry point (which imports
+    fact.backend: registering there too was a 'duplicate name: fact')."""
+    code = (
+        "import torch, fact\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()\n"
+        "x = torch.randn(2, 8)\n"
+        "with torch.no_grad():\n"
+        "    print(float((torch.compile(m, backend='fact')(x) - m(x)).abs().max()))\n"
+    )
+    env = dict(os.environ, FACT_CACHE_DIR=str(tmp_path / "cache"))
+    env["FACT_REGISTRY"] = str(tmp_path / "registry.db")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert float(proc.stdout.split()[-1]) < 1e-6
+
+
+def test_torch_compile_backend_sees_the_models_state(engine_available, dynamo_reset, monkeypatch):
+    """Dynamo passes parameters and buffers as graph inputs; the backend hands them back to
+    FACT as state, so the tril buffer is known to be a causal mask (the attention pattern is
+    found, as by fact.optimize), and updates in place or by a new Parameter are seen."""
+    import fact.backend  # noqa: F401
+    import fact.compose.optimize as optimize_mod
+
+    built = []
+    real_optimize = optimize_mod.optimize
+    monkeypatch.setattr(
+        optimize_mod, "optimize", lambda *a, **k: built.append(real_optimize(*a, **k)) or built[-1]
+    )
+    torch.manual_seed(41)
+    model, x = HandWrittenAttention().eval(), torch.randn(2, 32, 64)
+    compiled = torch.compile(model, backend="fact")
+    with torch.no_grad():
+        assert rel_err(compiled(x), model(x)) < 1e-6
+        (opt,) = built
+        (att,) = by_family(opt.report, "attention")
+        assert att["chosen"] == "sdpa" and att["signature"].endswith(":causal"), att
+        assert dict(opt.original.named_buffers())["bias"] is model.bias
+        assert dict(opt.original.named_parameters())["c_proj_weight"] is model.c_proj.weight
+        model.c_proj.weight.mul_(2)
+        assert rel_err(compiled(x), model(x)) < 1e-6
+        model.c_proj.weight = nn.Parameter(torch.randn(64, 64))
+        assert rel_err(compiled(x), model(x)) < 1e-6
+
+
+def test_torch_compile_backend_options_and_mode(engine_available, dynamo_reset, monkeypatch):
+    """options= are fact.optimize's settings, an unknown one is an error naming the valid
+    ones; mode= has no meaning for FACT and says so."""
+    import fact.backend  # noqa: F401
+    import fact.compose.optimize as optimize_mod
+
+    seen = []
+    real_optimize = optimize_mod.optimize
+    monkeypatch.setattr(
+        optimize_mod, "optimize", lambda *a, **k: seen.append(k) or real_optimize(*a, **k)
+    )
+    torch.manual_seed(42)
+    model, x = SmallGelu().eval(), torch.randn(4, 32)
+    compiled = torch.compile(model, backend="fact", options={"candidates": 2, "cuda_graphs": False})
+    with torch.no_grad():
+        assert rel_err(compiled(x), model(x)) < 1e-6
+    assert seen and seen[-1]["candidates"] == 2 and seen[-1]["cuda_graphs"] is False
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['candidatez'\]; FACT takes "):
+        with torch.no_grad():
+            torch.compile(model, backend="fact", options={"candidatez": 2})(x)
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match="mode='max-autotune'. has no meaning"), torch.no_grad():
+        assert (
+            rel_err(torch.compile(model, backend="fact", mode="max-autotune")(x), model(x)) < 1e-6
+        )
+
+
+def test_torch_compile_backend_with_new_sizes(engine_available, dynamo_reset):
+    """A call with another batch size: Dynamo recompiles with symbolic sizes, which FACT does
+    not optimize (it says how to get one graph per shape); dynamic=False optimizes each."""
+    import fact.backend  # noqa: F401
+
+    torch.manual_seed(43)
+    model = SmallGelu().eval()
+    x4, x8 = torch.randn(4, 32), torch.randn(8, 32)
+    compiled = torch.compile(model, backend="fact")
+    with torch.no_grad():
+        assert rel_err(compiled(x4), model(x4)) < 1e-6
+        with pytest.warns(UserWarning, match=r"static shapes.*dynamic=False"):
+            assert rel_err(compiled(x8), model(x8)) < 1e-6
+    torch._dynamo.reset()
+    static = torch.compile(model, backend="fact", dynamic=False)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")
+        for x in (x4, x8, x4):
+            assert rel_err(static(x), model(x)) < 1e-6
+
+
 def test_torch_compile_backend_leaves_training_graphs_alone(engine_available, dynamo_reset):
     """With gradients wanted, FACT (inference only) keeps Dynamo's graph: backward works."""
     import fact.backend  # noqa: F401
