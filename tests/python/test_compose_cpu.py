@@ -48,6 +48,7 @@ from fact.compose.optimize import (
     OptimizedModule,
     Progress,
     fresh_inputs,
+    reference_outputs,
     rel_err,
     tolerances,
     verify_end_to_end,
@@ -1225,6 +1226,51 @@ def test_report_says_which_math_an_fp32_attention_kernel_ran(ref_opt):
     assert AttentionImpl(pattern, "cutlass", lib, label="k").detail["math"] == "3xtf32"
     bf16 = AttentionImpl(attention_pattern(), "cutlass", StubAttentionLibrary(), label="k")
     assert "math" not in bf16.detail
+
+
+class ComplexRope(nn.Module):
+    """Meta's Llama RoPE: a complex freqs_cis buffer multiplied into Q viewed as complex."""
+
+    def __init__(self, d=32, seq=16):
+        super().__init__()
+        self.q, self.o = nn.Linear(d, d, bias=False), nn.Linear(d, d)
+        f = torch.outer(torch.arange(seq).float(), 1.0 / 10000 ** (torch.arange(0, d, 2) / d))
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(f), f))
+
+    def forward(self, x):
+        y = self.q(x)
+        b, t, d = y.shape
+        yc = torch.view_as_complex(y.float().reshape(b, t, d // 2, 2)) * self.freqs_cis[:t]
+        return self.o(torch.view_as_real(yc).flatten(2).type_as(x))
+
+
+def test_the_float64_reference_keeps_complex_state_complex(engine_available, tmp_path):
+    """The end-to-end check's float64 copy of a model with a complex buffer: complex128, not a
+    real cast that drops the imaginary part (which made the reference wrong by 40 % and the
+    bound, twice eager's error against it, loose enough to pass anything)."""
+    torch.manual_seed(44)
+    model, x = ComplexRope().eval(), torch.randn(2, 16, 32)
+    assert rel_err(model(x), reference_outputs(model, [x])) < 1e-6
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    ver = opt.report["verification"]
+    assert ver["reference"] == "float64" and ver["eager_error"] < 1e-6, ver
+    assert ver["bound"] == tolerances(torch.float32, torch.get_float32_matmul_precision())[1]
+
+
+def test_a_reference_that_disagrees_with_eager_is_not_used(ref_opt, monkeypatch):
+    """A float64 copy further from eager than the tolerance (a model that computes in its own
+    dtype): the check compares with eager under the tolerance instead of loosening its bound."""
+    import fact.compose.optimize as optimize_mod
+
+    model, x, opt, run_dir = ref_opt
+    plan = json.loads((run_dir / "plan.json").read_text())
+    monkeypatch.setattr(
+        optimize_mod, "reference_outputs", lambda m, inputs: eager(m, *inputs) * 1.5
+    )
+    tol = tolerances(torch.float32, "highest")[1]
+    _, record = verify_end_to_end(model, opt._program, plan, [], [x], tol, Progress(quiet=True))
+    assert record["reference"] == "eager" and record["bound"] == tol, record
 
 
 class RaisingGemm(GemmImpl):
