@@ -48,13 +48,45 @@ int constant_tensor(const Graph& g, int id, double& v) {
   return fill && scalar_value(g, *fill, v) ? c : -1;
 }
 
-// Recognise causal masks through views, casts and slices that start at 0. For an additive mask,
+// Whether a view swaps the last two dims (a transposed mask is no causal mask).
+bool swaps_last_two(const Node& n) {
+  const int r = n.type().rank();
+  if (n.op == Op::t) return true;
+  if (n.op == Op::transpose) {
+    const Arg* d0 = n.arg(1, "dim0");
+    const Arg* d1 = n.arg(2, "dim1");
+    if (!d0 || !d1 || d0->kind != Arg::Kind::integer || d1->kind != Arg::Kind::integer) return true;
+    const int a = norm_dim(d0->i, r), b = norm_dim(d1->i, r);
+    return a != b && (a >= r - 2 || b >= r - 2);  // moves one of the two: not the same mask
+  }
+  if (n.op == Op::permute) {
+    std::vector<int64_t> perm;
+    if (!int_list(n.arg(1, "dims"), perm) || static_cast<int>(perm.size()) != r) return true;
+    return r >= 2 && (norm_dim(perm[static_cast<size_t>(r - 2)], r) != r - 2 ||
+                      norm_dim(perm[static_cast<size_t>(r - 1)], r) != r - 1);
+  }
+  return false;
+}
+
+// A logical not: logical_not, or ~ on a bool tensor (aten.bitwise_not, which the catalog leaves
+// opaque since on integers it is no logical op).
+bool is_logical_not(const Graph& g, const Node& n) {
+  if (n.op == Op::logical_not) return true;
+  const int src = first_operand(n);
+  return n.op == Op::opaque && n.target_op.rfind("aten.bitwise_not.", 0) == 0 && src >= 0 &&
+         g.node(src).outputs.size() == 1 && g.node(src).type().dtype == ir::DType::boolean &&
+         n.outputs.size() == 1;
+}
+
+// Recognise causal masks through views, casts and slices that start at 0 (a view that moves
+// the last two dims ends it: the mask then says something else). For an additive mask,
 // `floor` (if given) gets the value it adds above the diagonal.
 MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes, double* floor = nullptr) {
   while (true) {
     const auto& n = g.node(id);
     const bool view_like = is_view(n) || is_identity(g, n) || ir::op_class(n.op) == OpClass::cast;
     if (!view_like) break;
+    if (swaps_last_two(n)) return MaskKind::none;
     if (n.op == Op::slice) {
       const Arg* start = n.arg(2, "start");
       if (start && start->kind == Arg::Kind::integer && start->i != 0) return MaskKind::none;
@@ -83,7 +115,9 @@ MaskKind mask_kind(const Graph& g, int id, std::vector<int>& nodes, double* floo
       if (inner != MaskKind::keep_lower) return MaskKind::none;
       return n.op == Op::eq ? MaskKind::drop_upper : MaskKind::keep_lower;
     }
+    case Op::opaque:
     case Op::logical_not: {
+      if (!is_logical_not(g, n)) return MaskKind::none;
       const auto inner = mask_kind(g, first_operand(n), nodes);
       if (inner == MaskKind::keep_lower) return MaskKind::drop_upper;
       if (inner == MaskKind::drop_upper) return MaskKind::keep_lower;

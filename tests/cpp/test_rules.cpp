@@ -517,6 +517,43 @@ TEST(RuleAttention, WhereWithTrilBufferAndScaleOnQ) {
   expect_nothing_dropped(p);
 }
 
+// masked_fill(scores, mask, -inf) with the mask made from a bool tril buffer by `how`: "not"
+// (~tril, aten.bitwise_not: the upper triangle) or "transposed_not" (~tril.t(): the lower one,
+// an anti-causal mask).
+GraphBuilder masked_by_bool_tril(const std::string& how) {
+  GraphBuilder b = qkv_inputs();
+  b.buffer("tril", T("bool", {16, 16}), {{"tril", true}});
+  std::string src = "tril";
+  if (how == "transposed_not") {
+    b.call("trt", "aten.t.default", {N("tril")}, T("bool", {16, 16}, std::vector<int64_t>{1, 16}));
+    src = "trt";
+  }
+  b.call("notm", "aten.bitwise_not.default", {N(src)}, T("bool", {16, 16}));
+  b.call("kt", "aten.transpose.int", {N("k"), -2, -1}, T("f32", {2, 4, 8, 16}, std::vector<int64_t>{512, 128, 1, 8}));
+  b.call("s", "aten.matmul.default", {N("q"), N("kt")}, kScores);
+  b.call("mf", "aten.masked_fill.Scalar", {N("s"), N("notm"), Float("-inf")}, kScores);
+  b.call("sm", "aten._softmax.default", {N("mf"), -1, false}, kScores);
+  b.call("o", "aten.matmul.default", {N("sm"), N("v")}, kQkv);
+  return b;
+}
+
+TEST(RuleAttention, NotOfABoolTrilIsTheCausalMask) {
+  const auto p = plan(masked_by_bool_tril("not"));
+  const auto* m = only(p, Family::attention);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->epilogue, Names({"causal_mask", "softmax"}));
+  EXPECT_TRUE(p.d.uncovered.empty());  // ~tril goes with the pattern
+  expect_nothing_dropped(p);
+}
+
+TEST(RuleAttention, ATransposedTrilIsNoCausalMask) {
+  // ~tril.t() keeps the keys at or after the query: planned as causal, it would compute the
+  // opposite mask
+  const auto p = plan(masked_by_bool_tril("transposed_not"));
+  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
+  EXPECT_TRUE(has_miss(p, "attention_handwritten", "'mf' (aten.masked_fill.Scalar) is not a cast"));
+}
+
 TEST(RuleAttention, SdpaCausalWithGqaThroughUnsqueezeExpandReshape) {
   GraphBuilder b("bf16");
   b.input("q", T("bf16", {2, 8, 16, 8}));
