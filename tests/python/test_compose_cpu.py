@@ -1273,6 +1273,34 @@ def test_a_reference_that_disagrees_with_eager_is_not_used(ref_opt, monkeypatch)
     assert record["reference"] == "eager" and record["bound"] == tol, record
 
 
+class InPlaceTail(nn.Module):
+    """A linear whose output is then updated in place (`y += x; y.mul_(0.5)`, as timm's
+    LayerScale(inplace=True) writes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.fc(x)
+        y += x
+        y.mul_(0.5)
+        return y
+
+
+def test_values_written_in_place_later_are_captured_as_computed(engine_available, tmp_path):
+    """The per-pattern check compares with each node's value as the graph computed it; an
+    in-place op after the GEMM overwrote the captured value, so a correct twin was refused."""
+    torch.manual_seed(45)
+    model, x = InPlaceTail().eval(), torch.randn(2, 16, 32)
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (p,) = by_family(opt.report, "gemm")
+    assert p["chosen"] == "reference:ref", p
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
+
+
 class RaisingGemm(GemmImpl):
     """The reference twin, except that composing it raises (a kernel refused in the module)."""
 

@@ -119,12 +119,7 @@ class Program:
         specs = {s.arg.name: s for s in self.input_specs}
         found: list[str] = []
         for n in self.graph_module.graph.nodes:
-            if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-                continue
-            for i, arg in enumerate(n.target._schema.arguments):
-                if arg.alias_info is None or not arg.alias_info.is_write:
-                    continue
-                value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+            for value in written_args(n):
                 base = _view_base(value)
                 if isinstance(base, fx.Node) and base.name in specs:
                     spec = specs[base.name]
@@ -227,11 +222,24 @@ class Program:
         return pytree.tree_unflatten(list(flat_outputs), self.out_spec)
 
     def capture(self, flat_inputs: Sequence[Any]) -> dict[str, Any]:
-        """Run the original graph and keep every node's value, by node name."""
+        """Run the original graph and keep every node's value, by node name: the value it had
+        when computed, also where a later in-place op (`y += x`, timm's LayerScale) writes to
+        it or to a view of it (those values are copied before the write)."""
         values: dict[str, Any] = {}
 
         class Recorder(fx.Interpreter):
             def run_node(self, n: fx.Node) -> Any:
+                storages = {
+                    self.env[w].untyped_storage().data_ptr()
+                    for w in written_args(n)
+                    if isinstance(w, fx.Node) and isinstance(self.env.get(w), torch.Tensor)
+                }
+                for name, value in list(values.items()) if storages else []:
+                    if (
+                        isinstance(value, torch.Tensor)
+                        and value.untyped_storage().data_ptr() in storages
+                    ):
+                        values[name] = value.clone()
                 out = super().run_node(n)
                 values[n.name] = out
                 return out
@@ -252,6 +260,17 @@ class Program:
 
     def module(self, graph: fx.Graph) -> fx.GraphModule:
         return fx.GraphModule(self.graph_module, graph)
+
+
+def written_args(n: fx.Node) -> list[Any]:
+    """The arguments an op writes to (in-place ops, out= arguments), as given to the node."""
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+        return []
+    return [
+        n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+        for i, arg in enumerate(n.target._schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    ]
 
 
 def _call_shape(spec: pytree.TreeSpec) -> str:
