@@ -1518,26 +1518,42 @@ def test_optimize_refuses_training_mode_dropout(engine_available, tmp_path):
         fact.optimize(model, [torch.randn(2, 8)], quiet=True, run_dir=tmp_path / "r")
 
 
-def test_calling_with_a_different_argument_structure_raises(engine_available, tmp_path):
-    """A call forward takes in another form runs (x by keyword); one it does not, or one of
-    another structure than the example's, is refused with both structures named."""
+class OptionalMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x, mask=None):
+        y = torch.relu(self.fc(x))
+        return y if mask is None else y * mask
+
+
+def test_a_call_unlike_the_examples_runs_the_original_module(engine_available, tmp_path):
+    """A call forward takes in another form runs FACT's graph (x by keyword); one of another
+    structure than the example's (a default left out, an argument added) runs the original
+    module, with one warning naming both structures; one the model does not take fails as
+    the model fails."""
     torch.manual_seed(11)
-    model, x = SmallGelu().eval(), torch.randn(4, 32)
-    opt = fact.optimize(model, [x], quiet=True, run_dir=tmp_path / "r", require_faster=False)
-    assert rel_err(opt(x), eager(model, x)) < 1e-6
-    assert rel_err(opt(x=x), eager(model, x)) < 1e-6  # by keyword, as the model takes it
-    for args, kwargs, got in [
-        ((x, x), {}, "(x, x)"),
-        (([x],), {}, "([x])"),
-        ((), {"y": x}, "(y=x)"),
-        ((), {}, "()"),
-    ]:
-        with pytest.raises(FactError) as err:
-            opt(*args, **kwargs)
-        assert str(err.value).startswith(
-            f"the optimized SmallGelu was built for calls like forward(x), as in the example; "
-            f"got forward{got}."
-        )
+    model, x = OptionalMask().eval(), torch.randn(4, 32)
+    mask = torch.rand(4, 32)
+    opt = fact.optimize(model, [x, mask], quiet=True, run_dir=tmp_path / "r", require_faster=False)
+    assert rel_err(opt(x, mask), eager(model, x, mask)) < 1e-6
+    assert rel_err(opt(x=x, mask=mask), eager(model, x, mask)) < 1e-6  # by keyword
+    ran = []
+    real_forward = model.forward
+    model.forward = lambda *a, **k: ran.append(1) or real_forward(*a, **k)
+    with pytest.warns(UserWarning) as caught:
+        assert rel_err(opt(x), eager(model, x)) < 1e-6  # the default mask, left out
+        assert rel_err(opt(x, mask=None), eager(model, x)) < 1e-6
+    assert len(ran) == 4  # two calls of the original, two of eager
+    (warning,) = [w for w in caught if "FACT" in str(w.message)]
+    assert str(warning.message).startswith(
+        "FACT: the optimized OptionalMask was built for calls like forward(x, x), as in the "
+        "example; got forward(x). Optimize it again with such an example; this call runs the "
+        "original module"
+    )
+    with pytest.raises(TypeError):
+        opt(x, mask, x)  # OptionalMask takes no third argument
 
 
 # ---------------------------------------------------------------------------------------------

@@ -245,7 +245,14 @@ class OptimizedModule(nn.Module):
         with torch.no_grad():
             if getattr(self, "use_original", False):  # absent in modules copied before it
                 return self.original(*args, **kwargs)
-            flat = self._program.flatten(args, kwargs)
+            try:
+                flat = self._program.flatten(args, kwargs)
+            except FactError as unlike:  # another call structure: the model decides what it is
+                if not getattr(self, "_warned_call", False):
+                    warnings.warn(f"FACT: {unlike}; this call runs the original module",
+                                  stacklevel=2)  # fmt: skip
+                    object.__setattr__(self, "_warned_call", True)
+                return self.original(*args, **kwargs)
             state = self._program.state_inputs()  # once per call: guard, replay key, graph
             if self._built_for is not None and self._unlike_build(flat, state):
                 return self.original(*args, **kwargs)

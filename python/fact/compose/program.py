@@ -211,7 +211,7 @@ class Program:
             raise FactError(
                 f"the optimized {type(self.model).__name__} was built for calls like "
                 f"forward{_call_shape(expected)}, as in the example; got "
-                f"forward{_call_shape(spec)}. Call it that way, or optimize it again for these"
+                f"forward{_call_shape(spec)}. Optimize it again with such an example"
             )
         return flat
 
