@@ -27,11 +27,14 @@ ARCH_CHOICES = ("sm90", "sm80")
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse exits on --help and on usage errors
-        return exc.code if isinstance(exc.code, int) else 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["registry"]:  # the engine's own command: its options go to it untouched
+        args = argparse.Namespace(run=_registry, engine_args=argv[1:])
+    else:
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as exc:  # argparse exits on --help and on usage errors
+            return exc.code if isinstance(exc.code, int) else 2
     try:
         return args.run(args)
     except FactError as exc:

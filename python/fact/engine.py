@@ -66,6 +66,7 @@ def run_engine(args: list[str], *, stream_stderr: bool = False) -> subprocess.Co
             stdout=subprocess.PIPE,
             stderr=None if stream_stderr else subprocess.PIPE,
             text=True,
+            errors="replace",  # the engine may echo a bad byte of a file it could not read
             check=False,
         )
     except OSError as exc:

@@ -117,6 +117,24 @@ def trace(
     )
 
 
+def example_list(example_inputs: Any) -> list[Any]:
+    """Example inputs as forward's positional arguments: one tensor, or a list or tuple of
+    them (and of other values forward takes); anything else is a FactError saying so."""
+    if isinstance(example_inputs, torch.Tensor):
+        return [example_inputs]
+    if isinstance(example_inputs, (list, tuple)):
+        return list(example_inputs)
+    if isinstance(example_inputs, dict):
+        raise FactError(
+            "example inputs as a dict: pass forward's arguments as a list, in its order "
+            f"(for {list(example_inputs)[:4]}: [{', '.join(map(str, list(example_inputs)[:4]))}])"
+        )
+    raise FactError(
+        "example inputs must be a tensor or a list (or tuple) of forward's arguments, got "
+        f"{type(example_inputs).__name__}"
+    )
+
+
 def export_module(
     module: nn.Module,
     example_inputs: Sequence[Any] | torch.Tensor,
@@ -128,9 +146,7 @@ def export_module(
     """The torch.export step of `trace` (same arguments), for callers that want the program."""
     if not isinstance(module, nn.Module):
         raise FactError(f"trace() needs an nn.Module, got {type(module).__name__}")
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = [example_inputs]
-    module, inputs = cast(module, list(example_inputs), dtype)
+    module, inputs = cast(module, example_list(example_inputs), dtype)
     try:
         with _quiet_torch():
             return torch.export.export(

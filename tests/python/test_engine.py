@@ -351,3 +351,69 @@ def test_problem_files_get_the_layout_rewrites_of_their_target(tmp_path, capsys,
         torch.set_float32_matmul_precision(before)
     assert fake_engine()[-1]["nodes"] == len(ops(tmp_path / "g4.json")[1])
     assert len(ops(tmp_path / "g4.json")[1]) != len(ops(tmp_path / "g0.json")[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Front-door errors found by a review: each a one-line message, never a traceback
+
+
+def test_cli_registry_passes_its_options_to_the_engine(engine_available, tmp_path, capsys):
+    """`fact registry --registry X list` and `fact registry -h` are the engine's command as
+    given (argparse took the options as its own and refused them)."""
+    registry = tmp_path / "r.db"
+    export = tmp_path / "empty.json"
+    export.write_text(json.dumps({"fact_registry_export": 1, "rows": []}))
+    assert main(["registry", "import", str(export), "--registry", str(registry)]) == 0
+    capsys.readouterr()
+    assert main(["registry", "--registry", str(registry), "list"]) == 0
+    assert capsys.readouterr().out == f"registry {registry}: no rows\n"
+    assert main(["registry", "-h"]) == 0
+    assert "list, show, export or import" in capsys.readouterr().out
+
+
+def test_cli_tune_on_a_damaged_run_says_what_to_do(engine_available, tmp_path, capsys):
+    registry = tmp_path / "r.db"
+    export = tmp_path / "empty.json"
+    export.write_text(json.dumps({"fact_registry_export": 1, "rows": []}))
+    assert main(["registry", "import", str(export), "--registry", str(registry)]) == 0
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text("[]")
+    (run / "plan.json").write_text('{"patterns": [')  # cut short
+    capsys.readouterr()
+    assert main(["tune", str(run), "--registry", str(registry)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fact: error: cannot read {run / 'plan.json'}: ")
+    assert err.rstrip().endswith("run `fact realize` again into a fresh --out")
+    not_db = tmp_path / "not.db"
+    not_db.write_text("not a database")
+    assert main(["tune", str(run), "--registry", str(not_db)]) == 2  # before any tuning
+    assert "file is not a database" in capsys.readouterr().err
+
+
+def test_cli_a_graph_file_that_is_not_text(engine_available, tmp_path, capsys):
+    bad = tmp_path / "bin.json"
+    bad.write_bytes(b"\xff\xfe")
+    assert main(["discover", str(bad)]) == 2
+    assert "malformed JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (None, "must be a tensor or a list (or tuple) of forward's arguments, got NoneType"),
+        (3, "got int"),
+        ({"x": torch.randn(2, 4)}, r"as a dict: pass forward's arguments as a list"),
+    ],
+)
+def test_trace_refuses_example_inputs_it_cannot_take(inputs, message):
+    with pytest.raises(fact.FactError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        fact.trace(torch.nn.Linear(4, 4), inputs)
+
+
+def test_optimize_with_an_unusable_cache_directory(engine_available, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FACT_CACHE_DIR", str(blocker))
+    with pytest.raises(fact.FactError, match=r"cannot make the run directory .* \(FACT_CACHE_DIR"):
+        fact.optimize(torch.nn.Linear(4, 4).eval(), [torch.randn(2, 4)], quiet=True)

@@ -955,9 +955,15 @@ def _optimize_once(
     which did not pay before) or without. Returns the module, or None and the folds it made
     that do not pay, by norm, with why."""
     from fact import folds, rewrites
-    from fact.tracer import export_module, graph_from_program, model_dtype, save_graph
+    from fact.tracer import (
+        example_list,
+        export_module,
+        graph_from_program,
+        model_dtype,
+        save_graph,
+    )
 
-    example = [example_inputs] if isinstance(example_inputs, torch.Tensor) else list(example_inputs)
+    example = example_list(example_inputs)
     precision = precision or torch.get_float32_matmul_precision()
     device = _device_of(example)
 
@@ -1000,7 +1006,13 @@ def _optimize_once(
             and n.get("facts")
         )
         run = Path(run_dir) if run_dir else cache_root() / "runs" / key[:16]
-        run.mkdir(parents=True, exist_ok=True)
+        try:
+            run.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            where = "run_dir" if run_dir else "the cache (FACT_CACHE_DIR, else ~/.cache/fact)"
+            raise FactError(
+                f"cannot make the run directory {run} in {where}: {exc.strerror or exc}"
+            ) from None
         graph_path = save_graph(graph, run / "graph.json")
         decisions_path = cache_root() / "decisions" / f"{key}.json"
         cached = (

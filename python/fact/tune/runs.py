@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fact.engine import run_engine
 from fact.tune.harness import TUNED_FAMILIES  # GEMMs, attention; not norms, pointwise
@@ -17,6 +18,17 @@ def tuned_pattern(pattern: dict, entry: dict | None = None) -> dict:
     return pattern.get("lowered") or pattern
 
 
+def _read_json(path: Path) -> Any:
+    from fact.errors import FactError
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FactError(
+            f"cannot read {path}: {exc}; run `fact realize` again into a fresh --out"
+        ) from None
+
+
 def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
     """The run's manifest entries that the registry has no passed row for (same signature,
     arch, problem and config), or None when there is no registry to ask yet."""
@@ -24,8 +36,12 @@ def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
 
     try:
         doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
-    except EngineError:
-        return None  # no registry file yet: everything is new
+    except EngineError as exc:
+        if "does not exist" in str(exc):
+            return None  # no registry file yet: everything is new
+        raise  # a registry that cannot be read: say so now, not after tuning into it
+    plan = _read_json(run / "plan.json")
+    manifest = _read_json(run / "manifest.json")
     known = {
         (
             r["signature"],
@@ -36,9 +52,8 @@ def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
         for r in doc.get("rows", [])
         if r.get("disposition") == "passed"
     }
-    plan = json.loads((run / "plan.json").read_text())
     pending = []
-    for entry in json.loads((run / "manifest.json").read_text()):
+    for entry in manifest:
         if not entry.get("library"):
             continue
         pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]], entry)
