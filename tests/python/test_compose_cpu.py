@@ -2831,6 +2831,33 @@ def horizontal_twins(index: int, pattern: dict) -> list[Impl]:
     return reference_twins(index, pattern)
 
 
+class TransposedQkvWeights(nn.Module):
+    """q/k/v weights stored [in, out] (as ports from JAX keep them): each linear reads w.t(),
+    a view made in the graph after the first projection."""
+
+    def __init__(self, d=32, h=48):
+        super().__init__()
+        self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(d, h) * 0.1) for _ in range(3))
+
+    def forward(self, x):
+        return (F.linear(x, self.wq.t()), F.linear(x, self.wk.t()), F.linear(x, self.wv.t()))
+
+
+def test_horizontal_gemm_reading_views_made_after_its_first_part(engine_available, tmp_path):
+    """The parts' weight views (w.t()) come after the first projection in the graph; they
+    move up before the one grouped call, which fell back before ('computed after its first
+    output')."""
+    torch.manual_seed(46)
+    model, x = TransposedQkvWeights().eval(), torch.randn(2, 16, 32)
+    opt = fact.optimize(model, [x], implementations=horizontal_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (p,) = by_family(opt.report, "horizontal_gemm")
+    assert p["chosen"] == "reference:parts" and not p.get("fallback"), p
+    assert len(calls(opt.graph_module, run_gemm_parts_pattern)) == 1
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
+
+
 def test_horizontal_gemm_runs_as_one_fact_gemm_parts_call(engine_available, tmp_path):
     """q/k/v projections (one without a bias) as one fact::gemm_parts call writing the three
     outputs, reading the live parameters: an in-place update is seen as eager sees it."""

@@ -435,12 +435,16 @@ def _replace_outputs(
     the region reads must come before that), then one getitem per output takes its uses."""
     first = next(n for n in reg.nodes if n in reg.outputs)
     before = set(itertools.takewhile(lambda n: n is not first, graph.nodes))
-    late = [n.name for n in reg.inputs if n not in before]
-    if late:
+    late = [n for n in reg.inputs if n not in before]
+    movable = _movable_before(late, before, set(reg.nodes))
+    if movable is None:
         raise FactError(
-            f"pattern {pattern.get('signature')}: it reads {late}, computed after its first "
-            f"output {first.name}, so one node cannot produce all its outputs there"
+            f"pattern {pattern.get('signature')}: it reads {[n.name for n in late]}, computed "
+            f"after its first output {first.name}, so one node cannot produce all its outputs "
+            "there"
         )
+    for n in movable:  # views or work on weights (w.t(), w[:, a:b]) the later parts read
+        first.prepend(n)
     with graph.inserting_before(first):
         new = emit(graph, reg, pattern)
         items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(reg.outputs))]
@@ -453,6 +457,29 @@ def _replace_outputs(
         if aliases is not None:
             aliases[name] = item
     return new
+
+
+def _movable_before(
+    late: Sequence[fx.Node], before: set[fx.Node], region_nodes: set[fx.Node]
+) -> list[fx.Node] | None:
+    """The nodes to move up for `late` to come before the region's first output, in graph
+    order: `late` and what they read that is not before it yet. None when that would move
+    a node of the region or one that writes or draws random numbers."""
+    todo, found = list(late), set()
+    while todo:
+        n = todo.pop()
+        if n in before or n in found:
+            continue
+        if (
+            n in region_nodes
+            or n.op != "call_function"
+            or written_args(n)
+            or (is_random_op(n.target))
+        ):
+            return None
+        found.add(n)
+        todo.extend(n.all_input_nodes)
+    return [n for n in late[0].graph.nodes if n in found] if found else []
 
 
 def subgraph(
