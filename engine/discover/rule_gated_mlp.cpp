@@ -69,6 +69,13 @@ Attempt match_gated_mlp(const ir::Graph& g, int root) {
       last_reason = "'" + g.node(lin).name + "' is also used outside the product";
       continue;
     }
+    if (!s1.seed_operands.empty() || !s2.seed_operands.empty()) {
+      // Both gated forms (one gate GEMM computing act(acc) * up, or act(gate) * up after two
+      // GEMMs) take bias-free projections: the GEMM rules plan these on their own instead.
+      last_reason = "'" + g.node(g1).name + "' or '" + g.node(lin).name +
+                    "' adds a bias, which the gated forms do not; the GEMMs are planned on their own";
+      continue;
+    }
     Match m;
     m.rule = rule;
     m.family = Family::gated_mlp;
@@ -79,9 +86,6 @@ Attempt match_gated_mlp(const ir::Graph& g, int root) {
     normalize(m.nodes);
     m.output = root;
     m.operands = {Operand{"a", s1.a, ""}, Operand{"b_gate", s1.b, ""}, Operand{"b_up", s2.b, ""}};
-    for (const auto& o : s1.seed_operands) m.operands.push_back(Operand{"bias_gate", o.node, o.broadcast});
-    for (const auto& o : s2.seed_operands) m.operands.push_back(Operand{"bias_up", o.node, o.broadcast});
-    if (!s1.seed_operands.empty() || !s2.seed_operands.empty()) m.epilogue.push_back("bias");
     m.epilogue.push_back(act);
     m.epilogue.push_back("mul");
     m.problem = {{"batch", 1}, {"m", s1.m}, {"n", s1.n}, {"k", s1.k}};

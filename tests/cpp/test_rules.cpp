@@ -298,6 +298,28 @@ TEST(RuleGatedMlp, HandWrittenSilu) {
 
 TEST(RuleGatedMlp, GeluGate) { expect_gated(plan(gated_mlp_graph("f32", "gelu")), "gelu_erf"); }
 
+TEST(RuleGatedMlp, ProjectionsWithABiasArePlannedAsGemms) {
+  // silu(x W1^T + b1) * (x W3^T + b3): no gated form adds biases, so the GEMM rules take the
+  // two linears (the gate's tail reading the up projection), rather than a gated pattern no
+  // implementation can run
+  GraphBuilder b;
+  const json t = T("f32", {16, 96});
+  b.input("x", T("f32", {16, 64}));
+  for (const char* w : {"w1", "w3"}) b.param(w, T("f32", {96, 64}));
+  for (const char* bias : {"b1", "b3"}) b.param(bias, T("f32", {96}));
+  b.call("h1", "aten.linear.default", {N("x"), N("w1"), N("b1")}, t);
+  b.call("a", "aten.silu.default", {N("h1")}, t);
+  b.call("h3", "aten.linear.default", {N("x"), N("w3"), N("b3")}, t);
+  b.call("out", "aten.mul.Tensor", {N("a"), N("h3")}, t);
+  const auto p = plan(b);
+  EXPECT_TRUE(chosen_of(p, Family::gated_mlp).empty());
+  EXPECT_TRUE(has_miss(p, "gated_mlp", "'h1' or 'h3' adds a bias, which the gated forms do not"));
+  size_t gemms = 0;
+  for (const auto& c : p.d.chosen) gemms += c.match.family == Family::gemm ? 1 : 0;
+  EXPECT_EQ(gemms, 2u);
+  EXPECT_TRUE(p.d.uncovered.empty());
+}
+
 TEST(RuleGatedMlp, UpProjectionUsedElsewhereIsAMiss) {
   auto b = gated_mlp_graph();
   b.outputs({"out", "h3"});
