@@ -40,6 +40,9 @@ const std::vector<Rule>& catalog() {
       {"rms_norm_handwritten", Family::norm, {Op::mean},
        "y = cast(x * rsqrt(mean(x^2, -1) + eps)) * w  // hand-written RMSNorm, one row pass",
        match_rms_norm_handwritten},
+      {"layer_norm_handwritten", Family::norm, {Op::mean},
+       "y = (x - u) / sqrt(mean((x - u)^2, -1) + eps) * w + b, u = mean(x, -1)  // one row pass",
+       match_layer_norm_handwritten},
   };
   return rules;
 }

@@ -38,6 +38,7 @@ Attempt match_attention_handwritten(const ir::Graph& g, int root);
 Attempt match_attention_sdpa(const ir::Graph& g, int root);
 Attempt match_norm_op(const ir::Graph& g, int root);
 Attempt match_rms_norm_handwritten(const ir::Graph& g, int root);
+Attempt match_layer_norm_handwritten(const ir::Graph& g, int root);
 
 // Not a rooted rule: after the planner has chosen, the pointwise ops left uncovered (`covered`
 // is indexed by node id) grouped into single-exit regions, in program order (rule_pointwise.cpp).

@@ -1,5 +1,6 @@
-// Row norms: LayerNorm and RMSNorm as ops, and RMSNorm written out by hand
-// (x * rsqrt(mean(x^2, -1, keepdim) + eps), optionally cast back and scaled by a weight).
+// Row norms: LayerNorm and RMSNorm as ops, and both written out by hand
+// (x * rsqrt(mean(x^2, -1, keepdim) + eps); (x - u) / sqrt(mean((x - u)^2, -1, keepdim) + eps)
+// with u the row mean), optionally cast back and scaled by a weight (and a bias).
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -232,6 +233,133 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   // The cast rounds before the weight only when a weight multiply follows it.
   const std::string round_to = weight >= 0 ? cast_to : "";
   a.matches.push_back(norm_match(g, rule, root, "rms_norm", input, out, nodes, weight, -1, eps, round_to));
+  return a;
+}
+
+Attempt match_layer_norm_handwritten(const Graph& g, int root) {
+  const std::string rule = "layer_norm_handwritten";
+  const auto& mean = g.node(root);
+  std::vector<int64_t> dims;
+  const Arg* keep = mean.arg(2, "keepdim");
+  const int x = first_operand(mean);
+  if (x < 0 || !int_list(mean.arg(1, "dim"), dims) || dims.size() != 1 ||
+      norm_dim(dims[0], g.node(x).type().rank()) != g.node(x).type().rank() - 1 || !keep ||
+      keep->kind != Arg::Kind::boolean || !keep->b) {
+    return miss(rule, root, root, 0, "not a mean over the last dim with keepdim=True");
+  }
+  auto only_user = [&](int id) {
+    return g.node(id).users.size() == 1 && !g.is_graph_output(id) ? g.node(id).users[0] : -1;
+  };
+  // d = x - mean, written once or in both places it is used (BERT's (x - u).pow(2), (x - u) / ...)
+  std::vector<int> centred;
+  for (int u : g.node(root).users) {
+    const auto& sub = g.node(u);
+    const auto ops = g.operands(sub);
+    const Arg* alpha = sub.arg(2, "alpha");
+    double a = 1;
+    if (sub.op != Op::sub || ops.size() != 2 || ops[0] != x || ops[1] != root ||
+        (alpha && (!scalar_value(g, *alpha, a) || a != 1))) {
+      return miss(rule, root, u, 1, "the mean is used other than as x - mean ('" + sub.name + "')");
+    }
+    centred.push_back(u);
+  }
+  if (centred.empty() || centred.size() > 2 || g.is_graph_output(root)) {
+    return miss(rule, root, root, 1, "the mean is not subtracted from x");
+  }
+  // var = mean(d^2, -1, keepdim) + eps, then rsqrt (multiplied) or sqrt (divided by).
+  int sq = -1, scaled = -1;
+  for (int d : centred) {
+    if (g.is_graph_output(d)) {
+      return miss(rule, root, d, 2, "x - mean is used other than squared and normalised (an output)");
+    }
+    for (int u : g.node(d).users) {
+      const auto& n = g.node(u);
+      const auto ops = g.operands(n);
+      double e = 0;
+      const bool square = (n.op == Op::pow && ops.size() == 1 && n.arg(1, "exponent") &&
+                           scalar_value(g, *n.arg(1, "exponent"), e) && e == 2.0) ||
+                          (n.op == Op::mul && ops.size() == 2 && ops[0] == d && ops[1] == d) ||
+                          (n.op == Op::square && ops.size() == 1);
+      if (square && sq < 0) {
+        sq = u;
+      } else if ((n.op == Op::mul || n.op == Op::div) && scaled < 0 && ops.size() == 2 && ops[0] != ops[1] &&
+                 (ops[0] == d || (n.op == Op::mul && ops[1] == d))) {
+        scaled = u;
+      } else {
+        return miss(rule, root, u, 2, "x - mean is used other than squared and normalised ('" + n.name + "')");
+      }
+    }
+  }
+  if (sq < 0 || scaled < 0) return miss(rule, root, root, 2, "x - mean is not both squared and normalised");
+  const int var = only_user(sq);
+  std::vector<int64_t> var_dims;
+  const Arg* var_keep = var < 0 ? nullptr : g.node(var).arg(2, "keepdim");
+  if (var < 0 || g.node(var).op != Op::mean || !int_list(g.node(var).arg(1, "dim"), var_dims) ||
+      var_dims.size() != 1 || norm_dim(var_dims[0], g.node(sq).type().rank()) != g.node(sq).type().rank() - 1 ||
+      !var_keep || var_keep->kind != Arg::Kind::boolean || !var_keep->b) {
+    return miss(rule, root, var < 0 ? sq : var, 3, "the square of x - mean is not averaged over the last dim");
+  }
+  const int add = only_user(var);
+  double eps = 0;
+  if (add < 0 || g.node(add).op != Op::add || !g.node(add).arg(1, "other") ||
+      !scalar_value(g, *g.node(add).arg(1, "other"), eps)) {
+    return miss(rule, root, add < 0 ? var : add, 4, "the variance is not followed by + eps");
+  }
+  const int r = only_user(add);
+  if (r < 0 || (g.node(r).op != Op::rsqrt && g.node(r).op != Op::sqrt)) {
+    return miss(rule, root, r < 0 ? add : r, 5, "var + eps is not followed by rsqrt or sqrt");
+  }
+  const auto scaled_ops = g.operands(g.node(scaled));
+  const Op want = g.node(r).op == Op::rsqrt ? Op::mul : Op::div;
+  if (only_user(r) != scaled || g.node(scaled).op != want ||
+      std::find(scaled_ops.begin(), scaled_ops.end(), r) == scaled_ops.end() ||
+      (want == Op::div && scaled_ops[1] != r)) {
+    return miss(rule, root, scaled, 6,
+                want == Op::div ? "x - mean is not divided by sqrt(var + eps)"
+                                : "x - mean is not multiplied by rsqrt(var + eps)");
+  }
+  std::vector<int> nodes = {root, sq, var, add, r, scaled};
+  nodes.insert(nodes.end(), centred.begin(), centred.end());
+  int out = scaled;
+  // Optional cast back, then weight and bias (row vectors), each in either operand order.
+  int next = only_user(out);
+  std::string cast_to;
+  if (next >= 0 && ir::op_class(g.node(next).op) == OpClass::cast && !is_identity(g, g.node(next))) {
+    nodes.push_back(next);
+    out = next;
+    cast_to = ir::dtype_name(g.node(out).type().dtype);
+    next = only_user(out);
+  }
+  auto row_operand = [&](int id, Op op) {
+    if (id < 0 || g.node(id).op != op) return -1;
+    const Arg* alpha = g.node(id).arg(2, "alpha");
+    if (alpha) return -1;
+    for (int o : g.operands(g.node(id))) {
+      if (o != out && g.node(o).outputs.size() == 1 && broadcast_kind(g.node(o).type(), g.node(id).type()) == "row") {
+        return o;
+      }
+    }
+    return -1;
+  };
+  const int weight = row_operand(next, Op::mul);
+  if (weight >= 0) {
+    nodes.push_back(next);
+    out = next;
+    next = only_user(out);
+  }
+  const int bias = row_operand(next, Op::add);
+  if (bias >= 0) {
+    nodes.push_back(next);
+    out = next;
+  }
+  int input = x;
+  if (ir::op_class(g.node(x).op) == OpClass::cast && !is_identity(g, g.node(x))) {
+    absorb_chains(g, {{x}}, nodes);
+    if (std::find(nodes.begin(), nodes.end(), x) != nodes.end()) input = first_operand(g.node(x));
+  }
+  Attempt a;
+  a.matches.push_back(norm_match(g, rule, root, "layer_norm", input, out, nodes, weight, bias, eps,
+                                 weight >= 0 || bias >= 0 ? cast_to : ""));
   return a;
 }
 

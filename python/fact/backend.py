@@ -87,8 +87,10 @@ class CapturedGraph(nn.Module):
             keys = [a or b for a, b in re.findall(r"\['([^']+)'\]|\.(\w+)", _source_name(node))]
             parts = [p for p in keys[1:] if not p.startswith("_")] or [node.name]
             name = base = re.sub(r"\W", "_", "_".join(parts))
+            suffix = 1
             while name in used or hasattr(self, name):
-                name = f"{base}_{len(used)}"
+                suffix += 1
+                name = f"{base}_{suffix}"
             used.add(name)
             self._take(name, value)
             self.slots.append(name)

@@ -24,7 +24,7 @@ json problem(int64_t batch, int64_t m, int64_t n, int64_t k) {
 
 TEST(Catalog, EveryRuleHasRootsAndMath) {
   const auto& rules = discover::catalog();
-  ASSERT_EQ(rules.size(), 7u);
+  ASSERT_EQ(rules.size(), 8u);
   for (const auto& r : rules) {
     EXPECT_FALSE(r.roots.empty()) << r.name;
     EXPECT_FALSE(r.math.empty()) << r.name;
@@ -546,8 +546,20 @@ GraphBuilder masked_by_bool_tril(const std::string& how) {
   GraphBuilder b = qkv_inputs();
   b.buffer("tril", T("bool", {16, 16}), {{"tril", true}});
   std::string src = "tril";
+  const json flipped = T("bool", {16, 16}, std::vector<int64_t>{1, 16});
   if (how == "transposed_not") {
-    b.call("trt", "aten.t.default", {N("tril")}, T("bool", {16, 16}, std::vector<int64_t>{1, 16}));
+    b.call("trt", "aten.t.default", {N("tril")}, flipped);
+    src = "trt";
+  } else if (how == "transpose_not") {
+    b.call("trt", "aten.transpose.int", {N("tril"), -2, -1}, flipped);
+    src = "trt";
+  } else if (how == "permute_not") {
+    b.call("trt", "aten.permute.default", {N("tril"), L({1, 0})}, flipped);
+    src = "trt";
+  } else if (how == "outer_permute_not") {  // moves the leading dims only: the same mask
+    b.call("tv", "aten.view.default", {N("tril"), L({1, 1, 16, 16})}, T("bool", {1, 1, 16, 16}));
+    b.call("tp", "aten.permute.default", {N("tv"), L({1, 0, 2, 3})}, T("bool", {1, 1, 16, 16}));
+    b.call("trt", "aten.view.default", {N("tp"), L({16, 16})}, T("bool", {16, 16}));
     src = "trt";
   }
   b.call("notm", "aten.bitwise_not.default", {N(src)}, T("bool", {16, 16}));
@@ -560,20 +572,24 @@ GraphBuilder masked_by_bool_tril(const std::string& how) {
 }
 
 TEST(RuleAttention, NotOfABoolTrilIsTheCausalMask) {
-  const auto p = plan(masked_by_bool_tril("not"));
-  const auto* m = only(p, Family::attention);
-  ASSERT_NE(m, nullptr);
-  EXPECT_EQ(m->epilogue, Names({"causal_mask", "softmax"}));
-  EXPECT_TRUE(p.d.uncovered.empty());  // ~tril goes with the pattern
-  expect_nothing_dropped(p);
+  for (const std::string how : {"not", "outer_permute_not"}) {
+    const auto p = plan(masked_by_bool_tril(how));
+    const auto* m = only(p, Family::attention);
+    ASSERT_NE(m, nullptr) << how;
+    EXPECT_EQ(m->epilogue, Names({"causal_mask", "softmax"}));
+    EXPECT_TRUE(p.d.uncovered.empty()) << how;  // ~tril goes with the pattern
+    expect_nothing_dropped(p);
+  }
 }
 
 TEST(RuleAttention, ATransposedTrilIsNoCausalMask) {
   // ~tril.t() keeps the keys at or after the query: planned as causal, it would compute the
   // opposite mask
-  const auto p = plan(masked_by_bool_tril("transposed_not"));
-  for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention);
-  EXPECT_TRUE(has_miss(p, "attention_handwritten", "'mf' (aten.masked_fill.Scalar) is not a cast"));
+  for (const std::string how : {"transposed_not", "transpose_not", "permute_not"}) {
+    const auto p = plan(masked_by_bool_tril(how));
+    for (const auto& c : p.d.chosen) EXPECT_NE(c.match.family, Family::attention) << how;
+    EXPECT_TRUE(has_miss(p, "attention_handwritten", "'mf' (aten.masked_fill.Scalar) is not a cast")) << how;
+  }
 }
 
 TEST(RuleAttention, SdpaCausalWithGqaThroughUnsqueezeExpandReshape) {
@@ -823,6 +839,68 @@ TEST(RuleNorm, HandWrittenRmsNormThatMultipliesTheUncastInput) {
   EXPECT_EQ(m->attrs.at("dtype_in"), "bf16");
   EXPECT_TRUE(p.d.uncovered.empty());
   expect_nothing_dropped(p);
+}
+
+// LayerNorm written out, f32 [4, 8, 64]: u = mean(x); s = mean((x - u)^2); form "bert" writes
+// x - u twice and divides by sqrt(s + eps), then weight * y + bias (BERT's TF port); "rsqrt"
+// computes x - u once and multiplies by rsqrt(s + eps), without weight or bias.
+GraphBuilder layer_norm_graph(const std::string& form = "bert") {
+  GraphBuilder b;
+  const json f = T("f32", {4, 8, 64});
+  const json col = T("f32", {4, 8, 1});
+  b.input("x", f);
+  b.param("w", T("f32", {64}));
+  b.param("bb", T("f32", {64}));
+  b.call("u", "aten.mean.dim", {N("x"), L({-1}), true}, col);
+  b.call("d", "aten.sub.Tensor", {N("x"), N("u")}, f);
+  b.call("p", "aten.pow.Tensor_Scalar", {N("d"), 2}, f);
+  b.call("s", "aten.mean.dim", {N("p"), L({-1}), true}, col);
+  b.call("a", "aten.add.Tensor", {N("s"), 1e-12}, col);
+  if (form == "bert") {
+    b.call("d2", "aten.sub.Tensor", {N("x"), N("u")}, f);
+    b.call("r", "aten.sqrt.default", {N("a")}, col);
+    b.call("y", "aten.div.Tensor", {N("d2"), N("r")}, f);
+    b.call("wy", "aten.mul.Tensor", {N("w"), N("y")}, f);
+    b.call("out", "aten.add.Tensor", {N("wy"), N("bb")}, f);
+  } else {
+    b.call("r", "aten.rsqrt.default", {N("a")}, col);
+    b.call("out", "aten.mul.Tensor", {N("d"), N("r")}, f);
+  }
+  return b;
+}
+
+TEST(RuleNorm, HandWrittenLayerNorm) {
+  const auto p = plan(layer_norm_graph("bert"));
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "layer_norm_handwritten");
+  EXPECT_EQ(m->attrs.at("kind"), "layer_norm");
+  EXPECT_DOUBLE_EQ(m->attrs.at("eps").get<double>(), 1e-12);
+  EXPECT_EQ(m->epilogue, Names({"weight", "bias"}));
+  EXPECT_EQ(names(p.g, m->nodes), Names({"u", "d", "p", "s", "a", "d2", "r", "y", "wy", "out"}));
+  ASSERT_EQ(m->operands.size(), 3u);
+  EXPECT_EQ(p.g.node(m->operands[0].node).name, "x");
+  EXPECT_EQ(p.g.node(m->operands[1].node).name, "w");
+  EXPECT_EQ(p.g.node(m->operands[2].node).name, "bb");
+  EXPECT_EQ(p.d.chosen.size(), 1u);  // not an RMS norm of x - u beside a pointwise region
+  EXPECT_TRUE(p.d.uncovered.empty());
+
+  const auto q = plan(layer_norm_graph("rsqrt"));
+  const auto* plain = only(q, Family::norm);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->rule, "layer_norm_handwritten");
+  EXPECT_TRUE(plain->epilogue.empty());
+  EXPECT_TRUE(q.d.uncovered.empty());
+}
+
+TEST(RuleNorm, HandWrittenLayerNormWhoseCentredValuesAreReadOutsideIsAMiss) {
+  GraphBuilder b = layer_norm_graph("rsqrt");
+  b.outputs({"out", "d"});
+  const auto p = plan(b);
+  EXPECT_TRUE(has_miss(p, "layer_norm_handwritten", "x - mean is used other than squared and normalised"));
+  for (const auto& c : p.d.chosen) {
+    if (c.match.family == Family::norm) EXPECT_NE(c.match.rule, "layer_norm_handwritten");
+  }
 }
 
 TEST(RuleNorm, HandWrittenRmsNormOfANarrowedInputIsAMiss) {

@@ -38,7 +38,7 @@ from fact.compose.impls import (
     GemmImpl,
     HorizontalGemmImpl,
     Impl,
-    RmsNormLibrary,
+    NormLibrary,
     library_impls,
     run_gemm_parts_pattern,
     run_gemm_pattern,
@@ -964,6 +964,41 @@ def test_hand_written_rms_norm_runs_as_torch_rms_norm(engine_available, tmp_path
     assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
+class BertLayerNorm(nn.Module):
+    """LayerNorm as BERT's TensorFlow port writes it: x - u twice, divided by sqrt(s + eps)."""
+
+    def __init__(self, width=64, eps=1e-12):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(width) + 0.5)
+        self.bias = nn.Parameter(torch.randn(width))
+        self.eps = eps
+
+    def forward(self, x):
+        u = x.mean(-1, keepdim=True)
+        s = (x - u).pow(2).mean(-1, keepdim=True)
+        return self.weight * ((x - u) / torch.sqrt(s + self.eps)) + self.bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hand_written_layer_norm_runs_as_torch_layer_norm(engine_available, tmp_path, dtype):
+    """One norm pattern (not an RMS norm of x - u beside pointwise work), run as torch's
+    layer_norm in f32 with the model's weight and bias after it."""
+    torch.manual_seed(47)
+    model = BertLayerNorm().to(dtype).eval()
+    x = torch.randn(4, 16, 64, dtype=dtype) * 3 + 1
+    opt = fact.optimize(model, [x], require_faster=False, use_cache=False,
+                        run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (p,) = opt.report["patterns"]
+    assert p["family"] == "norm" and "layer_norm" in p["signature"], p
+    assert (p["chosen"], p["kind"]) == ("layer_norm", "library"), p
+    assert opt.report["pytorch_nodes"] == []
+    assert aten.sqrt.default not in targets(opt.graph_module)
+    y = torch.randn_like(x) * 3 + 1
+    out, ref = opt(y), eager(model, y)
+    assert out.dtype == ref.dtype == dtype
+    assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
 def test_library_impls_apply_by_family_and_kind(ref_opt):
     _, _, _, run_dir = ref_opt
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -971,8 +1006,8 @@ def test_library_impls_apply_by_family_and_kind(ref_opt):
         names = [i.name for i in library_impls(p)]
         assert names == {"attention": ["sdpa"]}.get(p["family"], []), (p["signature"], names)
     norm = next(p for p in plan["patterns"] if p["family"] == "norm")
-    with pytest.raises(NotSupportedError, match="layer_norm"):
-        RmsNormLibrary(norm)
+    with pytest.raises(NotSupportedError, match="already is torch's layer_norm"):
+        NormLibrary(norm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1068,14 +1103,31 @@ def test_region_subgraph_and_replace_with_several_outputs():
     assert torch.equal(out, eager(model, x))
 
 
-def test_replace_with_several_outputs_refuses_an_input_computed_between_them():
-    def late(x, w1, w2):
-        return F.linear(x, w1), F.linear(x * 2, w2)
+def test_replace_with_several_outputs_moves_up_what_a_later_output_reads():
+    """An input of a later output computed after the first one (x * 2) moves up before the one
+    call; with an in-place write in between it cannot, and replace refuses."""
+    aten_ops = torch.ops.aten
 
-    graph = fx.symbolic_trace(late).graph
+    def late(x, w1, w2):
+        return F.linear(x, w1), F.linear(aten_ops.mul.Tensor(x, 2), w2)
+
+    def written(x, w1, w2):
+        first = F.linear(x, w1)
+        y = aten_ops.mul.Tensor(x, 2)
+        aten_ops.add_.Tensor(y, 1)  # after it, the second part reads y + 1
+        return first, F.linear(y, w2)
+
     pattern = {"family": "horizontal_gemm", "nodes": ["linear", "linear_1"],
                "attrs": {"parts": ["linear", "linear_1"]}, "signature": "late"}  # fmt: skip
-    with pytest.raises(FactError, match=r"reads \['mul'\], computed after its first output linear"):
+    graph = fx.symbolic_trace(late).graph
+    new = replace(graph, pattern, lambda g, r, p: g.call_function(_qkv_linears, ()))
+    order = [n.name for n in graph.nodes]
+    assert order.index("mul_tensor") < order.index(new.name)
+    graph.lint()
+    graph = fx.symbolic_trace(written).graph
+    with pytest.raises(
+        FactError, match=r"reads \[.mul_tensor.\], computed after its first output linear"
+    ):
         replace(graph, pattern, lambda g, r, p: g.call_function(_qkv_linears, ()))
 
 
@@ -1302,13 +1354,15 @@ def test_values_written_in_place_later_are_captured_as_computed(engine_available
 
 
 class RaisingGemm(GemmImpl):
-    """The reference twin, except that composing it raises (a kernel refused in the module)."""
+    """The reference twin, except that composing it raises (a kernel refused in the module),
+    with a message or, as a bare assert does, without one."""
 
-    def __init__(self, pattern):
+    def __init__(self, pattern, message="refused in the composed module on purpose"):
         super().__init__(pattern, "reference", label="raises")
+        self.message = message
 
     def emit(self, graph, reg, pattern):
-        raise RuntimeError("refused in the composed module on purpose")
+        raise RuntimeError(self.message) if self.message else AssertionError()
 
 
 def test_two_patterns_that_break_the_module_fall_back_and_only_they(ref_opt):
@@ -1348,6 +1402,47 @@ def test_two_patterns_that_break_the_module_fall_back_and_only_they(ref_opt):
         else:
             assert not d.get("fallback") and d["chosen"] == "reference:good"
     assert len(calls(gm, run_gemm_pattern)) == len(gemms) - 2
+
+
+def test_a_failure_without_a_message_falls_back_too(ref_opt):
+    """A bare assert in a replacement raises an exception without text: it falls back like any
+    other (its first line was looked up in an empty list)."""
+    model, x, opt, run_dir = ref_opt
+    program = opt._program
+    plan = json.loads((run_dir / "plan.json").read_text())
+    gemm = next(i for i, p in enumerate(plan["patterns"]) if p["family"] == "gemm")
+    decisions = [
+        {"index": i, "family": p["family"], "reason": ""} for i, p in enumerate(plan["patterns"])
+    ]
+    impl = RaisingGemm(plan["patterns"][gemm], message="")
+    decisions[gemm].update(impl=impl, chosen=impl.name, kind=impl.kind, error=1e-7)
+    tol = tolerances(torch.float32, "highest")[1]
+    _, record = verify_end_to_end(model, program, plan, decisions, [x], tol, Progress(quiet=True))
+    assert record["passed"] and decisions[gemm]["fallback"] is True
+    assert decisions[gemm]["reason"] == (
+        "fell back to PyTorch: the composed module raised AssertionError() with it"
+    )
+    assert decisions[gemm]["kind"] == "pytorch" and decisions[gemm]["time_us"] is None
+
+
+def test_a_deep_copy_leaves_the_captured_graph_behind(ref_opt):
+    """A CUDA graph cannot be copied and writes the original's buffers: the copy has none and
+    captures its own when it replays."""
+    import copy as copy_mod
+
+    _, x, opt, _ = ref_opt
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise TypeError("cannot pickle 'CUDAGraph' object")
+
+    saved = opt._replay
+    object.__setattr__(opt, "_replay", Uncopyable())
+    try:
+        twin = copy_mod.deepcopy(opt)
+    finally:
+        object.__setattr__(opt, "_replay", saved)
+    assert twin._replay is None and rel_err(twin(x), opt(x)) == 0.0
 
 
 def test_report_markdown_marks_a_fallback(ref_opt):
@@ -1710,6 +1805,40 @@ def test_torch_compile_backend_sees_the_models_state(engine_available, dynamo_re
         assert rel_err(compiled(x), model(x)) < 1e-6
         model.c_proj.weight = nn.Parameter(torch.randn(64, 64))
         assert rel_err(compiled(x), model(x)) < 1e-6
+
+
+def test_torch_compile_backend_names_clashing_state_apart(engine_available, dynamo_reset):
+    """Parameters a_b, a_b_2 and a.b all want the name a_b (then a_b_2): each gets its own,
+    and finding them ends (the suffix used to stay the same while taken)."""
+    import fact.backend  # noqa: F401
+    from fact.backend import CapturedGraph
+
+    class A(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = nn.Parameter(torch.full((4,), 2.0))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a_b = nn.Parameter(torch.full((4,), 3.0))
+            self.a_b_2 = nn.Parameter(torch.full((4,), 5.0))
+            self.a = A()
+
+        def forward(self, x):
+            return x * self.a_b * self.a_b_2 * self.a.b
+
+    names = []
+
+    def backend(gm, example_inputs):
+        names.append([s for s in CapturedGraph(gm, example_inputs).slots if s])
+        return gm.forward
+
+    model, x = M(), torch.randn(4)
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(x)
+    (slots,) = names
+    assert len(slots) == len(set(slots)) == 3, slots
 
 
 def test_torch_compile_backend_options_and_mode(engine_available, dynamo_reset, monkeypatch):

@@ -94,6 +94,26 @@ def test_cuda_graph_replay_and_plain_launches_agree(optimized):
     assert not torch.equal(first, second)
 
 
+def test_a_graph_captured_under_inference_mode_replays_outside_it(optimized):
+    """The replay's static inputs are normal tensors even when the capture ran under
+    torch.inference_mode(): a later call outside it copies its inputs into them."""
+    model, x, opt, _ = optimized
+    saved, saved_replay = opt.cuda_graphs, opt._replay
+    try:
+        opt.cuda_graphs = True
+        object.__setattr__(opt, "_replay", None)  # capture afresh, under inference mode
+        y = torch.randn_like(x)
+        with torch.inference_mode():
+            first = opt(y)
+        again = opt(y)  # outside inference mode: copied into the same static buffers
+        assert torch.equal(first, again)
+        with torch.no_grad():
+            assert rel_err(again, model(y)) < 2e-2
+    finally:
+        opt.cuda_graphs = saved
+        object.__setattr__(opt, "_replay", saved_replay)
+
+
 def test_weights_updated_in_place_are_seen(optimized):
     model, x, opt, _ = optimized
     y = torch.randn_like(x)

@@ -11,7 +11,7 @@
                     additive score bias, such as a position bias or a padding mask, as its
                     attn_mask)
   NormImpl          a generated row-norm kernel or its reference twin, through fact::norm
-  RmsNormLibrary    PyTorch's rms_norm for a hand-written RMSNorm
+  NormLibrary       PyTorch's rms_norm or layer_norm for a hand-written RMSNorm or LayerNorm
   PointwiseImpl     a generated pointwise kernel (a region of elementwise ops, e.g. RoPE) or
                     its reference twin, through fact::pointwise
   GatedTailImpl     a gated MLP as two library GEMMs and its act(gate) * up in one pointwise
@@ -732,32 +732,43 @@ class AttentionImpl(Impl):
 # Norms
 
 
-class RmsNormLibrary(Impl):
-    """A hand-written RMSNorm (x * rsqrt(mean(x^2) + eps) * weight) as torch's rms_norm."""
+class NormLibrary(Impl):
+    """A hand-written row norm as torch's own op: RMSNorm (x * rsqrt(mean(x^2) + eps)) as
+    rms_norm, LayerNorm ((x - u) / sqrt(mean((x - u)^2) + eps)) as layer_norm. It normalises in
+    f32, then applies what the model wrote after: its cast (round_to), weight and bias."""
 
     def __init__(self, pattern: Mapping[str, Any]):
         attrs = pattern.get("attrs") or {}
-        if attrs.get("kind") != "rms_norm":
-            raise NotSupportedError(f"norm kind {attrs.get('kind')!r} has no library twin here")
-        self.eps = float(attrs.get("eps", 1e-6))
-        super().__init__("rms_norm", "library", {"eps": self.eps})
+        self.norm = attrs.get("kind")
+        if self.norm not in ("rms_norm", "layer_norm"):
+            raise NotSupportedError(f"norm kind {self.norm!r} has no library twin here")
+        if self.norm == "layer_norm" and pattern.get("rule") == "norm":
+            raise NotSupportedError("the pattern already is torch's layer_norm")
+        self.eps = float(attrs.get("eps", 1e-6 if self.norm == "rms_norm" else 1e-5))
+        super().__init__(self.norm, "library", {"eps": self.eps})
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         x = role_input(reg, pattern, "x")
         weight = role_input(reg, pattern, "weight", required=False)
+        bias = role_input(reg, pattern, "bias", required=False)
         val = reg.output.meta["val"]
         cols = int((pattern.get("problem") or {}).get("cols", val.shape[-1]))
         dtype = val.dtype
         xf = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.float32})
-        out = graph.call_function(aten.rms_norm.default, (xf, [cols], None, self.eps))
+        if self.norm == "rms_norm":
+            out = graph.call_function(aten.rms_norm.default, (xf, [cols], None, self.eps))
+        else:
+            out = graph.call_function(aten.layer_norm.default, (xf, [cols], None, None, self.eps))
         current = torch.float32
         round_to = (pattern.get("attrs") or {}).get("round_to")
-        if weight is not None and round_to not in (None, "f32"):  # the model's .type_as(x)
+        affine = weight is not None or bias is not None
+        if affine and round_to not in (None, "f32"):  # the model's .type_as(x)
             current = torch_dtype(round_to)
             out = graph.call_function(aten._to_copy.default, (out,), {"dtype": current})
-        if weight is not None:
-            out = graph.call_function(aten.mul.Tensor, (out, weight))
-            current = torch.promote_types(current, weight.meta["val"].dtype)
+        for operand, op in ((weight, aten.mul.Tensor), (bias, aten.add.Tensor)):
+            if operand is not None:
+                out = graph.call_function(op, (out, operand))
+                current = torch.promote_types(current, operand.meta["val"].dtype)
         if current != dtype:
             out = graph.call_function(aten._to_copy.default, (out,), {"dtype": dtype})
         return out
@@ -961,7 +972,7 @@ def library_impls(pattern: Mapping[str, Any], device: torch.device | None = None
     """The library implementations that apply to a pattern (possibly none). cuBLASLt
     epilogues are offered on CUDA devices only."""
     family = pattern.get("family")
-    makers: list[Any] = {"attention": [SdpaAttention], "norm": [RmsNormLibrary]}.get(family, [])
+    makers: list[Any] = {"attention": [SdpaAttention], "norm": [NormLibrary]}.get(family, [])
     if family == "gemm" and device is not None and device.type == "cuda":
         makers = [CublasLtGemm]
     impls = []

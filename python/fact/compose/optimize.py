@@ -207,9 +207,13 @@ class OptimizedModule(nn.Module):
         return new
 
     def __deepcopy__(self, memo: dict) -> OptimizedModule:
+        """A copy on its own copy of the model; a captured CUDA graph is not copied (it writes
+        the original's buffers): the copy captures its own at its first call."""
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        state = {k: v for k, v in self.__dict__.items() if k != "_replay"}
+        new.__setstate__(copy.deepcopy(state, memo))
+        object.__setattr__(new, "_replay", None)
         return new
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -336,6 +340,12 @@ class _CudaGraph:
     the key and triggers a new capture."""
 
     def __init__(self, run: Callable[[Sequence[Any]], list[Any]], flat: Sequence[Any], key):
+        # Normal tensors even when captured under torch.inference_mode(): a later call outside
+        # it copies its inputs into these.
+        with torch.inference_mode(False):
+            self._capture(run, flat, key)
+
+    def _capture(self, run: Callable[[Sequence[Any]], list[Any]], flat: Sequence[Any], key):
         self.key = key
         self.static = [t.clone() if isinstance(t, torch.Tensor) else t for t in flat]
         stream = torch.cuda.Stream()
@@ -664,9 +674,9 @@ def verify_end_to_end(
     with torch.no_grad():
         eager = model(*inputs)
     ref = reference_outputs(model, inputs)
-    # A float64 copy that disagrees with eager by more than the tolerance is no reference (a
-    # model that computes in its own dtype whatever its state's): the bound would be loose.
-    if ref is not None and not rel_err(eager, ref) <= tol:
+    # A float64 copy grossly off eager is no reference (a model that computes in its own dtype
+    # whatever its state's): twice its distance from eager would make a loose bound.
+    if ref is not None and not rel_err(eager, ref) <= 10 * tol:
         ref = None
     against = "float64" if ref is not None else "eager"
     ref = ref if ref is not None else eager
@@ -697,7 +707,8 @@ def verify_end_to_end(
         why = why or (f"the composed module raised {failure} with it" if failure else "")
         worst["fallback"] = True
         worst["fallback_from"] = worst.get("chosen")
-        worst["chosen"], worst["kind"] = "pytorch", ""
+        # what runs there now: PyTorch; the dropped implementation's figures stay in candidates
+        worst.update(chosen="pytorch", kind="pytorch", time_us=None, error=None)
         worst["reason"] = (
             f"fell back to PyTorch: {why}"
             if why
@@ -721,7 +732,8 @@ def _composed_error(program, plan, decisions, flat, ref) -> tuple[Any, float, st
     except Exception as exc:  # noqa: BLE001 - any failure of a replacement is a reason to drop it
         if not any(d.get("impl") is not None and not d.get("fallback") for d in decisions):
             raise  # the original graph itself fails: nothing to fall back to
-        return gm, math.inf, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        return gm, math.inf, f"{type(exc).__name__}: {first_line}" if first_line else repr(exc)
 
 
 def _most_harmful(program, plan, decisions, active, flat, ref) -> tuple[dict[str, Any], str]:

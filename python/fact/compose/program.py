@@ -464,7 +464,8 @@ def _movable_before(
 ) -> list[fx.Node] | None:
     """The nodes to move up for `late` to come before the region's first output, in graph
     order: `late` and what they read that is not before it yet. None when that would move
-    a node of the region or one that writes or draws random numbers."""
+    a node of the region or one that writes or draws random numbers, or where anything from
+    the region's first output to its last node writes in place."""
     todo, found = list(late), set()
     while todo:
         n = todo.pop()
@@ -479,7 +480,23 @@ def _movable_before(
             return None
         found.add(n)
         todo.extend(n.all_input_nodes)
-    return [n for n in late[0].graph.nodes if n in found] if found else []
+    if not found:
+        return []
+    # An in-place write anywhere from the first output to the region's last node could change
+    # what a moved node reads or what the region reads of it: refuse then.
+    moved, started, left = [], False, set(region_nodes)
+    for n in late[0].graph.nodes:
+        started = started or n not in before
+        if not started:
+            continue
+        if written_args(n):
+            return None
+        if n in found:
+            moved.append(n)
+        left.discard(n)
+        if not left:
+            break
+    return moved
 
 
 def subgraph(
