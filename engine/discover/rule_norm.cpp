@@ -135,17 +135,35 @@ Attempt match_norm_op(const Graph& g, int root) {
   return a;
 }
 
-Attempt match_rms_norm_handwritten(const Graph& g, int root) {
-  const std::string rule = "rms_norm_handwritten";
-  const auto& mean = g.node(root);
+namespace {
+
+// What `id` averages when it is a mean over the last dim with keepdim=True (a row statistic of
+// a hand-written norm); else -1.
+int row_mean_input(const Graph& g, int id) {
+  const auto& mean = g.node(id);
   std::vector<int64_t> dims;
   const Arg* keep = mean.arg(2, "keepdim");
   const int src = first_operand(mean);
-  if (src < 0 || !int_list(mean.arg(1, "dim"), dims) || dims.size() != 1 ||
+  if (mean.op != Op::mean || src < 0 || !int_list(mean.arg(1, "dim"), dims) || dims.size() != 1 ||
       norm_dim(dims[0], g.node(src).type().rank()) != g.node(src).type().rank() - 1 || !keep ||
       keep->kind != Arg::Kind::boolean || !keep->b) {
-    return miss(rule, root, root, 0, "not a mean over the last dim with keepdim=True");
+    return -1;
   }
+  return src;
+}
+
+// The one node reading `id`, when `id` is not also a graph output: a pattern that swallows `id`
+// needs nobody else to need its value. Else -1.
+int only_user(const Graph& g, int id) {
+  return g.node(id).users.size() == 1 && !g.is_graph_output(id) ? g.node(id).users[0] : -1;
+}
+
+}  // namespace
+
+Attempt match_rms_norm_handwritten(const Graph& g, int root) {
+  const std::string rule = "rms_norm_handwritten";
+  const int src = row_mean_input(g, root);
+  if (src < 0) return miss(rule, root, root, 0, "not a mean over the last dim with keepdim=True");
   // mean(x^2): pow(x, 2), x * x or square(x).
   const auto& sq = g.node(src);
   const auto sq_ops = g.operands(sq);
@@ -158,27 +176,22 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   const int x = sq_ops[0];
   std::vector<int> nodes = {src, root};
   // + eps, then rsqrt and multiply, or sqrt and divide.
-  // The next node, when `id` feeds only it (and is not itself a graph output): the pattern
-  // swallows `id`, so nothing else may need its value.
-  auto only_user = [&](int id) {
-    return g.node(id).users.size() == 1 && !g.is_graph_output(id) ? g.node(id).users[0] : -1;
-  };
-  if (only_user(src) != root) {
+  if (only_user(g, src) != root) {
     return miss(rule, root, src, 1, "the square '" + sq.name + "' is also used outside the norm");
   }
-  const int add = only_user(root);
+  const int add = only_user(g, root);
   double eps = 0;
   if (add < 0 || g.node(add).op != Op::add || !g.node(add).arg(1, "other") ||
       !scalar_value(g, *g.node(add).arg(1, "other"), eps)) {
     return miss(rule, root, add < 0 ? root : add, 2, "the mean is not followed by + eps");
   }
   nodes.push_back(add);
-  const int r = only_user(add);
+  const int r = only_user(g, add);
   if (r < 0 || (g.node(r).op != Op::rsqrt && g.node(r).op != Op::sqrt)) {
     return miss(rule, root, r < 0 ? add : r, 3, "mean(x^2) + eps is not followed by rsqrt or sqrt");
   }
   nodes.push_back(r);
-  const int scaled = only_user(r);
+  const int scaled = only_user(g, r);
   const Op want = g.node(r).op == Op::rsqrt ? Op::mul : Op::div;
   const auto scaled_ops = scaled < 0 ? std::vector<int>{} : g.operands(g.node(scaled));
   // x itself, or what x widens exactly: T5 squares x.float() but multiplies x, promoted to f32.
@@ -201,13 +214,13 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
   nodes.push_back(scaled);
   int out = scaled;
   // Optional cast back (Llama's .type_as(x)).
-  int next = only_user(out);
+  int next = only_user(g, out);
   std::string cast_to;
   if (next >= 0 && ir::op_class(g.node(next).op) == OpClass::cast && !g.is_graph_output(out)) {
     nodes.push_back(next);
     out = next;
     cast_to = ir::dtype_name(g.node(out).type().dtype);
-    next = only_user(out);
+    next = only_user(g, out);
   }
   // The input cast (Llama's x.float()) belongs to the norm when nothing else reads it; otherwise
   // it stays in PyTorch (or is an identity) and the norm reads its result.
@@ -238,18 +251,8 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
 
 Attempt match_layer_norm_handwritten(const Graph& g, int root) {
   const std::string rule = "layer_norm_handwritten";
-  const auto& mean = g.node(root);
-  std::vector<int64_t> dims;
-  const Arg* keep = mean.arg(2, "keepdim");
-  const int x = first_operand(mean);
-  if (x < 0 || !int_list(mean.arg(1, "dim"), dims) || dims.size() != 1 ||
-      norm_dim(dims[0], g.node(x).type().rank()) != g.node(x).type().rank() - 1 || !keep ||
-      keep->kind != Arg::Kind::boolean || !keep->b) {
-    return miss(rule, root, root, 0, "not a mean over the last dim with keepdim=True");
-  }
-  auto only_user = [&](int id) {
-    return g.node(id).users.size() == 1 && !g.is_graph_output(id) ? g.node(id).users[0] : -1;
-  };
+  const int x = row_mean_input(g, root);
+  if (x < 0) return miss(rule, root, root, 0, "not a mean over the last dim with keepdim=True");
   // d = x - mean, written once or in both places it is used (BERT's (x - u).pow(2), (x - u) / ...)
   std::vector<int> centred;
   for (int u : g.node(root).users) {
@@ -291,27 +294,23 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
     }
   }
   if (sq < 0 || scaled < 0) return miss(rule, root, root, 2, "x - mean is not both squared and normalised");
-  const int var = only_user(sq);
-  std::vector<int64_t> var_dims;
-  const Arg* var_keep = var < 0 ? nullptr : g.node(var).arg(2, "keepdim");
-  if (var < 0 || g.node(var).op != Op::mean || !int_list(g.node(var).arg(1, "dim"), var_dims) ||
-      var_dims.size() != 1 || norm_dim(var_dims[0], g.node(sq).type().rank()) != g.node(sq).type().rank() - 1 ||
-      !var_keep || var_keep->kind != Arg::Kind::boolean || !var_keep->b) {
+  const int var = only_user(g, sq);
+  if (var < 0 || row_mean_input(g, var) != sq) {
     return miss(rule, root, var < 0 ? sq : var, 3, "the square of x - mean is not averaged over the last dim");
   }
-  const int add = only_user(var);
+  const int add = only_user(g, var);
   double eps = 0;
   if (add < 0 || g.node(add).op != Op::add || !g.node(add).arg(1, "other") ||
       !scalar_value(g, *g.node(add).arg(1, "other"), eps)) {
     return miss(rule, root, add < 0 ? var : add, 4, "the variance is not followed by + eps");
   }
-  const int r = only_user(add);
+  const int r = only_user(g, add);
   if (r < 0 || (g.node(r).op != Op::rsqrt && g.node(r).op != Op::sqrt)) {
     return miss(rule, root, r < 0 ? add : r, 5, "var + eps is not followed by rsqrt or sqrt");
   }
   const auto scaled_ops = g.operands(g.node(scaled));
   const Op want = g.node(r).op == Op::rsqrt ? Op::mul : Op::div;
-  if (only_user(r) != scaled || g.node(scaled).op != want ||
+  if (only_user(g, r) != scaled || g.node(scaled).op != want ||
       std::find(scaled_ops.begin(), scaled_ops.end(), r) == scaled_ops.end() ||
       (want == Op::div && scaled_ops[1] != r)) {
     return miss(rule, root, scaled, 6,
@@ -322,13 +321,13 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
   nodes.insert(nodes.end(), centred.begin(), centred.end());
   int out = scaled;
   // Optional cast back, then weight and bias (row vectors), each in either operand order.
-  int next = only_user(out);
+  int next = only_user(g, out);
   std::string cast_to;
   if (next >= 0 && ir::op_class(g.node(next).op) == OpClass::cast && !is_identity(g, g.node(next))) {
     nodes.push_back(next);
     out = next;
     cast_to = ir::dtype_name(g.node(out).type().dtype);
-    next = only_user(out);
+    next = only_user(g, out);
   }
   auto row_operand = [&](int id, Op op) {
     if (id < 0 || g.node(id).op != op) return -1;
@@ -345,7 +344,7 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
   if (weight >= 0) {
     nodes.push_back(next);
     out = next;
-    next = only_user(out);
+    next = only_user(g, out);
   }
   const int bias = row_operand(next, Op::add);
   if (bias >= 0) {
