@@ -152,6 +152,28 @@ int row_mean_input(const Graph& g, int id) {
   return src;
 }
 
+// What `id` is the population variance of over the last dim, keepdim=True (x.var(-1,
+// keepdim=True, unbiased=False), as aten.var.dim or aten.var.correction with correction 0); else -1.
+int population_row_var(const Graph& g, int id) {
+  const auto& n = g.node(id);
+  const int src = first_operand(n);
+  std::vector<int64_t> dims;
+  if (n.op != Op::var || src < 0 || !int_list(n.arg(1, "dim"), dims) || dims.size() != 1 ||
+      norm_dim(dims[0], g.node(src).type().rank()) != g.node(src).type().rank() - 1) {
+    return -1;
+  }
+  const bool by_correction = n.target_op.find(".correction") != std::string::npos;
+  const Arg* keep = by_correction ? n.arg(-1, "keepdim") : n.arg(3, "keepdim");
+  if (!keep || keep->kind != Arg::Kind::boolean || !keep->b) return -1;
+  if (by_correction) {
+    const Arg* c = n.arg(-1, "correction");
+    double v = 1;
+    return c && scalar_value(g, *c, v) && v == 0 ? src : -1;
+  }
+  const Arg* unbiased = n.arg(2, "unbiased");
+  return unbiased && unbiased->kind == Arg::Kind::boolean && !unbiased->b ? src : -1;
+}
+
 // The one node reading `id`, when `id` is not also a graph output: a pattern that swallows `id`
 // needs nobody else to need its value. Else -1.
 int only_user(const Graph& g, int id) {
@@ -269,8 +291,9 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
   if (centred.empty() || centred.size() > 2 || g.is_graph_output(root)) {
     return miss(rule, root, root, 1, "the mean is not subtracted from x");
   }
-  // var = mean(d^2, -1, keepdim) + eps, then rsqrt (multiplied) or sqrt (divided by).
-  int sq = -1, scaled = -1;
+  // d is squared (for the variance) and normalised, or only normalised (the variance is
+  // x.var(-1, unbiased=False)); normalised is d itself or d times the weight, first.
+  int sq = -1, other = -1;
   for (int d : centred) {
     if (g.is_graph_output(d)) {
       return miss(rule, root, d, 2, "x - mean is used other than squared and normalised (an output)");
@@ -285,18 +308,27 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
                           (n.op == Op::square && ops.size() == 1);
       if (square && sq < 0) {
         sq = u;
-      } else if ((n.op == Op::mul || n.op == Op::div) && scaled < 0 && ops.size() == 2 && ops[0] != ops[1] &&
+      } else if ((n.op == Op::mul || n.op == Op::div) && other < 0 && ops.size() == 2 && ops[0] != ops[1] &&
                  (ops[0] == d || (n.op == Op::mul && ops[1] == d))) {
-        scaled = u;
+        other = u;
       } else {
         return miss(rule, root, u, 2, "x - mean is used other than squared and normalised ('" + n.name + "')");
       }
     }
   }
-  if (sq < 0 || scaled < 0) return miss(rule, root, root, 2, "x - mean is not both squared and normalised");
-  const int var = only_user(g, sq);
-  if (var < 0 || row_mean_input(g, var) != sq) {
-    return miss(rule, root, var < 0 ? sq : var, 3, "the square of x - mean is not averaged over the last dim");
+  if (other < 0) return miss(rule, root, root, 2, "x - mean is not normalised");
+  // The variance: mean((x - u)^2, -1, keepdim) (BERT's), or x.var(-1, keepdim, unbiased=False).
+  int var = -1;
+  if (sq >= 0) {
+    var = only_user(g, sq);
+    if (var < 0 || row_mean_input(g, var) != sq) {
+      return miss(rule, root, var < 0 ? sq : var, 3, "the square of x - mean is not averaged over the last dim");
+    }
+  } else {
+    for (int u : g.node(x).users) {
+      if (population_row_var(g, u) == x) var = u;
+    }
+    if (var < 0) return miss(rule, root, root, 3, "no variance of x: (x - mean)^2 averaged, or x.var(-1, unbiased=False)");
   }
   const int add = only_user(g, var);
   double eps = 0;
@@ -308,17 +340,41 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
   if (r < 0 || (g.node(r).op != Op::rsqrt && g.node(r).op != Op::sqrt)) {
     return miss(rule, root, r < 0 ? add : r, 5, "var + eps is not followed by rsqrt or sqrt");
   }
-  const auto scaled_ops = g.operands(g.node(scaled));
+  const int scaled = only_user(g, r);
+  // g * (x - u) / sqrt(var + eps): the weight multiplies first (the kernel multiplies after)
+  int weight = -1, weighted = -1;
+  if (scaled != other) {
+    for (int o : g.operands(g.node(other))) {
+      if (std::find(centred.begin(), centred.end(), o) == centred.end() && g.node(o).outputs.size() == 1 &&
+          broadcast_kind(g.node(o).type(), g.node(other).type()) == "row") {
+        weight = o;
+      }
+    }
+    if (g.node(other).op != Op::mul || weight < 0 || only_user(g, other) != scaled) {
+      return miss(rule, root, other, 6, "x - mean is not normalised by the variance ('" + g.node(other).name + "')");
+    }
+    weighted = other;
+  }
+  const auto scaled_ops = scaled < 0 ? std::vector<int>{} : g.operands(g.node(scaled));
+  // what is normalised: d times the weight, or d itself
+  int numer = weighted;
+  for (int o : scaled_ops) {
+    if (numer < 0 && std::find(centred.begin(), centred.end(), o) != centred.end()) numer = o;
+  }
   const Op want = g.node(r).op == Op::rsqrt ? Op::mul : Op::div;
-  if (only_user(g, r) != scaled || g.node(scaled).op != want ||
-      std::find(scaled_ops.begin(), scaled_ops.end(), r) == scaled_ops.end() ||
-      (want == Op::div && scaled_ops[1] != r)) {
-    return miss(rule, root, scaled, 6,
+  const bool fits = scaled >= 0 && g.node(scaled).op == want && scaled_ops.size() == 2 &&
+                    (want == Op::div ? scaled_ops[0] == numer && scaled_ops[1] == r
+                                     : (scaled_ops[0] == numer && scaled_ops[1] == r) ||
+                                           (scaled_ops[0] == r && scaled_ops[1] == numer));
+  if (!fits) {
+    return miss(rule, root, scaled < 0 ? r : scaled, 6,
                 want == Op::div ? "x - mean is not divided by sqrt(var + eps)"
                                 : "x - mean is not multiplied by rsqrt(var + eps)");
   }
-  std::vector<int> nodes = {root, sq, var, add, r, scaled};
+  std::vector<int> nodes = {root, var, add, r, scaled};
   nodes.insert(nodes.end(), centred.begin(), centred.end());
+  if (sq >= 0) nodes.push_back(sq);
+  if (weighted >= 0) nodes.push_back(weighted);
   int out = scaled;
   // Optional cast back, then weight and bias (row vectors), each in either operand order.
   int next = only_user(g, out);
@@ -340,11 +396,13 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
     }
     return -1;
   };
-  const int weight = row_operand(next, Op::mul);
-  if (weight >= 0) {
-    nodes.push_back(next);
-    out = next;
-    next = only_user(g, out);
+  if (weight < 0) {
+    weight = row_operand(next, Op::mul);
+    if (weight >= 0) {
+      nodes.push_back(next);
+      out = next;
+      next = only_user(g, out);
+    }
   }
   const int bias = row_operand(next, Op::add);
   if (bias >= 0) {

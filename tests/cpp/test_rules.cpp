@@ -843,7 +843,9 @@ TEST(RuleNorm, HandWrittenRmsNormThatMultipliesTheUncastInput) {
 
 // LayerNorm written out, f32 [4, 8, 64]: u = mean(x); s = mean((x - u)^2); form "bert" writes
 // x - u twice and divides by sqrt(s + eps), then weight * y + bias (BERT's TF port); "rsqrt"
-// computes x - u once and multiplies by rsqrt(s + eps), without weight or bias.
+// computes x - u once and multiplies by rsqrt(s + eps), without weight or bias; "var" takes
+// s = x.var(-1, keepdim=True, unbiased=False) and multiplies by the weight first,
+// w * (x - u) / sqrt(s + eps) + bias; "unbiased_var" the same with the sample variance.
 GraphBuilder layer_norm_graph(const std::string& form = "bert") {
   GraphBuilder b;
   const json f = T("f32", {4, 8, 64});
@@ -852,6 +854,16 @@ GraphBuilder layer_norm_graph(const std::string& form = "bert") {
   b.param("w", T("f32", {64}));
   b.param("bb", T("f32", {64}));
   b.call("u", "aten.mean.dim", {N("x"), L({-1}), true}, col);
+  if (form == "var" || form == "unbiased_var") {
+    b.call("s", "aten.var.dim", {N("x"), L({-1}), form == "unbiased_var", true}, col);
+    b.call("d", "aten.sub.Tensor", {N("x"), N("u")}, f);
+    b.call("wd", "aten.mul.Tensor", {N("w"), N("d")}, f);
+    b.call("a", "aten.add.Tensor", {N("s"), 1e-5}, col);
+    b.call("r", "aten.sqrt.default", {N("a")}, col);
+    b.call("y", "aten.div.Tensor", {N("wd"), N("r")}, f);
+    b.call("out", "aten.add.Tensor", {N("y"), N("bb")}, f);
+    return b;
+  }
   b.call("d", "aten.sub.Tensor", {N("x"), N("u")}, f);
   b.call("p", "aten.pow.Tensor_Scalar", {N("d"), 2}, f);
   b.call("s", "aten.mean.dim", {N("p"), L({-1}), true}, col);
@@ -891,6 +903,21 @@ TEST(RuleNorm, HandWrittenLayerNorm) {
   EXPECT_EQ(plain->rule, "layer_norm_handwritten");
   EXPECT_TRUE(plain->epilogue.empty());
   EXPECT_TRUE(q.d.uncovered.empty());
+
+  const auto v = plan(layer_norm_graph("var"));
+  const auto* by_var = only(v, Family::norm);
+  ASSERT_NE(by_var, nullptr);
+  EXPECT_EQ(by_var->rule, "layer_norm_handwritten");
+  EXPECT_EQ(by_var->epilogue, Names({"weight", "bias"}));
+  EXPECT_DOUBLE_EQ(by_var->attrs.at("eps").get<double>(), 1e-5);
+  EXPECT_EQ(names(v.g, by_var->nodes), Names({"u", "s", "d", "wd", "a", "r", "y", "out"}));
+  EXPECT_TRUE(v.d.uncovered.empty());
+}
+
+TEST(RuleNorm, HandWrittenNormWithTheSampleVarianceIsNoLayerNorm) {
+  const auto p = plan(layer_norm_graph("unbiased_var"));
+  EXPECT_TRUE(chosen_of(p, Family::norm).empty());
+  EXPECT_TRUE(has_miss(p, "layer_norm_handwritten", "no variance of x"));
 }
 
 TEST(RuleNorm, HandWrittenLayerNormWhoseCentredValuesAreReadOutsideIsAMiss) {

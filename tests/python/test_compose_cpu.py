@@ -964,27 +964,33 @@ def test_hand_written_rms_norm_runs_as_torch_rms_norm(engine_available, tmp_path
     assert rel_err(out, ref) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
-class BertLayerNorm(nn.Module):
-    """LayerNorm as BERT's TensorFlow port writes it: x - u twice, divided by sqrt(s + eps)."""
+class HandLayerNorm(nn.Module):
+    """LayerNorm written out: "bert" as BERT's TensorFlow port writes it (x - u twice, divided
+    by sqrt(s + eps), then weight and bias); "var" with x.var(unbiased=False) and the weight
+    multiplied first."""
 
-    def __init__(self, width=64, eps=1e-12):
+    def __init__(self, form="bert", width=64, eps=1e-12):
         super().__init__()
         self.weight = nn.Parameter(torch.rand(width) + 0.5)
         self.bias = nn.Parameter(torch.randn(width))
-        self.eps = eps
+        self.form, self.eps = form, eps
 
     def forward(self, x):
         u = x.mean(-1, keepdim=True)
+        if self.form == "var":
+            var = x.var(-1, keepdim=True, unbiased=False)
+            return self.weight * (x - u) / torch.sqrt(var + self.eps) + self.bias
         s = (x - u).pow(2).mean(-1, keepdim=True)
         return self.weight * ((x - u) / torch.sqrt(s + self.eps)) + self.bias
 
 
+@pytest.mark.parametrize("form", ["bert", "var"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_hand_written_layer_norm_runs_as_torch_layer_norm(engine_available, tmp_path, dtype):
+def test_hand_written_layer_norm_runs_as_torch_layer_norm(engine_available, tmp_path, dtype, form):
     """One norm pattern (not an RMS norm of x - u beside pointwise work), run as torch's
     layer_norm in f32 with the model's weight and bias after it."""
     torch.manual_seed(47)
-    model = BertLayerNorm().to(dtype).eval()
+    model = HandLayerNorm(form).to(dtype).eval()
     x = torch.randn(4, 16, 64, dtype=dtype) * 3 + 1
     opt = fact.optimize(model, [x], require_faster=False, use_cache=False,
                         run_dir=tmp_path / "r", quiet=True)  # fmt: skip
