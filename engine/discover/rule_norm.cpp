@@ -174,6 +174,27 @@ int population_row_var(const Graph& g, int id) {
   return unbiased && unbiased->kind == Arg::Kind::boolean && !unbiased->b ? src : -1;
 }
 
+// The row vector (a weight or a bias, broadcast along the rows) that `id`, an `op` without an
+// alpha, applies to `value`; else -1.
+int row_vector_of(const Graph& g, int id, Op op, int value) {
+  if (id < 0 || g.node(id).op != op || g.node(id).arg(2, "alpha")) return -1;
+  for (int o : g.operands(g.node(id))) {
+    if (o != value && g.node(o).outputs.size() == 1 && broadcast_kind(g.node(o).type(), g.node(id).type()) == "row") {
+      return o;
+    }
+  }
+  return -1;
+}
+
+// The norm's input: x, or what x casts where the cast belongs to the norm (Llama's x.float(),
+// which nothing else reads; it joins `nodes` then). Otherwise the cast stays in PyTorch (or is
+// an identity) and the norm reads its result.
+int norm_input(const Graph& g, int x, std::vector<int>& nodes) {
+  if (ir::op_class(g.node(x).op) != OpClass::cast || is_identity(g, g.node(x))) return x;
+  absorb_chains(g, {{x}}, nodes);
+  return std::find(nodes.begin(), nodes.end(), x) != nodes.end() ? first_operand(g.node(x)) : x;
+}
+
 // The one node reading `id`, when `id` is not also a graph output: a pattern that swallows `id`
 // needs nobody else to need its value. Else -1.
 int only_user(const Graph& g, int id) {
@@ -244,25 +265,11 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
     cast_to = ir::dtype_name(g.node(out).type().dtype);
     next = only_user(g, out);
   }
-  // The input cast (Llama's x.float()) belongs to the norm when nothing else reads it; otherwise
-  // it stays in PyTorch (or is an identity) and the norm reads its result.
-  int input = x;
-  if (ir::op_class(g.node(x).op) == OpClass::cast && !is_identity(g, g.node(x))) {
-    absorb_chains(g, {{x}}, nodes);
-    if (std::binary_search(nodes.begin(), nodes.end(), x)) input = first_operand(g.node(x));
-  }
-  int weight = -1;
-  if (next >= 0 && g.node(next).op == Op::mul && !g.is_graph_output(out)) {
-    for (int o : g.operands(g.node(next))) {
-      if (o != out && g.node(o).outputs.size() == 1 &&
-          broadcast_kind(g.node(o).type(), g.node(next).type()) == "row") {
-        weight = o;
-      }
-    }
-    if (weight >= 0) {
-      nodes.push_back(next);
-      out = next;
-    }
+  const int input = norm_input(g, x, nodes);
+  const int weight = row_vector_of(g, next, Op::mul, out);
+  if (weight >= 0) {
+    nodes.push_back(next);
+    out = next;
   }
   Attempt a;
   // The cast rounds before the weight only when a weight multiply follows it.
@@ -345,12 +352,9 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
   int weight = -1, weighted = -1;
   if (scaled != other) {
     for (int o : g.operands(g.node(other))) {
-      if (std::find(centred.begin(), centred.end(), o) == centred.end() && g.node(o).outputs.size() == 1 &&
-          broadcast_kind(g.node(o).type(), g.node(other).type()) == "row") {
-        weight = o;
-      }
+      if (std::find(centred.begin(), centred.end(), o) != centred.end()) weight = row_vector_of(g, other, Op::mul, o);
     }
-    if (g.node(other).op != Op::mul || weight < 0 || only_user(g, other) != scaled) {
+    if (weight < 0 || only_user(g, other) != scaled) {
       return miss(rule, root, other, 6, "x - mean is not normalised by the variance ('" + g.node(other).name + "')");
     }
     weighted = other;
@@ -385,35 +389,20 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
     cast_to = ir::dtype_name(g.node(out).type().dtype);
     next = only_user(g, out);
   }
-  auto row_operand = [&](int id, Op op) {
-    if (id < 0 || g.node(id).op != op) return -1;
-    const Arg* alpha = g.node(id).arg(2, "alpha");
-    if (alpha) return -1;
-    for (int o : g.operands(g.node(id))) {
-      if (o != out && g.node(o).outputs.size() == 1 && broadcast_kind(g.node(o).type(), g.node(id).type()) == "row") {
-        return o;
-      }
-    }
-    return -1;
-  };
   if (weight < 0) {
-    weight = row_operand(next, Op::mul);
+    weight = row_vector_of(g, next, Op::mul, out);
     if (weight >= 0) {
       nodes.push_back(next);
       out = next;
       next = only_user(g, out);
     }
   }
-  const int bias = row_operand(next, Op::add);
+  const int bias = row_vector_of(g, next, Op::add, out);
   if (bias >= 0) {
     nodes.push_back(next);
     out = next;
   }
-  int input = x;
-  if (ir::op_class(g.node(x).op) == OpClass::cast && !is_identity(g, g.node(x))) {
-    absorb_chains(g, {{x}}, nodes);
-    if (std::find(nodes.begin(), nodes.end(), x) != nodes.end()) input = first_operand(g.node(x));
-  }
+  const int input = norm_input(g, x, nodes);
   Attempt a;
   a.matches.push_back(norm_match(g, rule, root, "layer_norm", input, out, nodes, weight, bias, eps,
                                  weight >= 0 || bias >= 0 ? cast_to : ""));
