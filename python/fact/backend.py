@@ -49,23 +49,19 @@ def _symbolic(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in t.shape)
 
 
-def _source_name(node: torch.fx.Node) -> str:
-    """Where Dynamo took a graph input from (L['self']._modules['fc']._parameters['weight'])."""
-    source = getattr(node.meta.get("grapharg"), "source", None)
-    if source is None:
-        return ""
-    name = source.name
-    return str(name() if callable(name) else name)
+def _source(node: torch.fx.Node, what: str) -> Any:
+    """An attribute of where Dynamo took a graph input from: its `name`
+    (L['self']._modules['fc']._parameters['weight']) or `guard_source`; a property in newer
+    torch, a method in older; None without one."""
+    value = getattr(getattr(node.meta.get("grapharg"), "source", None), what, None)
+    return value() if callable(value) else value
 
 
 def _is_state(node: torch.fx.Node, value: Any) -> bool:
     """A parameter, buffer or tensor attribute of the model, which Dynamo passes as an input."""
     if isinstance(value, nn.Parameter):
         return True
-    source = getattr(node.meta.get("grapharg"), "source", None)
-    guard = getattr(source, "guard_source", None)
-    guard = guard() if callable(guard) else guard
-    return isinstance(value, torch.Tensor) and "NN_MODULE" in str(guard)
+    return isinstance(value, torch.Tensor) and "NN_MODULE" in str(_source(node, "guard_source"))
 
 
 class CapturedGraph(nn.Module):
@@ -78,20 +74,19 @@ class CapturedGraph(nn.Module):
         self.graph_module = gm
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.slots: list[str | None] = []  # per graph input: its state name, or None (a user's)
-        used: set[str] = set()
         for node, value in zip(placeholders, example_inputs, strict=True):
             if not _is_state(node, value):
                 self.slots.append(None)
                 continue
             # L['self']._modules['fc']._parameters['weight'] -> fc_weight
-            keys = [a or b for a, b in re.findall(r"\['([^']+)'\]|\.(\w+)", _source_name(node))]
+            source = str(_source(node, "name") or "")
+            keys = [a or b for a, b in re.findall(r"\['([^']+)'\]|\.(\w+)", source)]
             parts = [p for p in keys[1:] if not p.startswith("_")] or [node.name]
             name = base = re.sub(r"\W", "_", "_".join(parts))
             suffix = 1
-            while name in used or hasattr(self, name):
+            while hasattr(self, name):  # taken: by a name given before, or the module's own
                 suffix += 1
                 name = f"{base}_{suffix}"
-            used.add(name)
             self._take(name, value)
             self.slots.append(name)
 

@@ -596,7 +596,7 @@ class SdpaAttention(Impl):
     additive bias (T5's position bias, BERT's padding mask) is its attn_mask, in Q's dtype: the
     scores are scaled first, then the bias added, as the pattern's step order says. SDPA takes
     is_causal or an attn_mask, not both: a bias under a causal mask (a decoder's position bias or
-    padding mask) gets -inf above the diagonal and goes as the attn_mask alone."""
+    padding mask) goes as one attn_mask with the mask's floor above the diagonal (causal_floor)."""
 
     def __init__(self, pattern: Mapping[str, Any]):
         if pattern.get("rule") == "attention_sdpa":

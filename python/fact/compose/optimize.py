@@ -188,16 +188,21 @@ class OptimizedModule(nn.Module):
         """True (with a warning, once) when inputs or parameters no longer match the build."""
         if _signature(flat, state) == self._built_for:
             return False
-        if not getattr(self, "_warned_unlike", False):
-            warnings.warn(
-                "FACT: this module was optimized for other input shapes, dtypes or devices, or "
-                "other values of its non-tensor arguments (or its parameters changed dtype or "
-                "device since); it runs the original module for such calls. Optimize again for "
-                "the new ones.",
-                stacklevel=3,
-            )
-            object.__setattr__(self, "_warned_unlike", True)
+        self._warn_once(
+            "unlike",
+            "FACT: this module was optimized for other input shapes, dtypes or devices, or "
+            "other values of its non-tensor arguments (or its parameters changed dtype or "
+            "device since); it runs the original module for such calls. Optimize again for "
+            "the new ones.",
+            stacklevel=4,
+        )
         return True
+
+    def _warn_once(self, what: str, message: str, stacklevel: int) -> None:
+        """Warn the first time a call runs the original for this reason, not every call."""
+        if not getattr(self, f"_warned_{what}", False):
+            warnings.warn(message, stacklevel=stacklevel)
+            object.__setattr__(self, f"_warned_{what}", True)
 
     # Copies, yes; pickles, no. The kernels it calls are loaded into this process (handles in a
     # registry of the process), so a saved module could not run anywhere else.
@@ -252,10 +257,7 @@ class OptimizedModule(nn.Module):
             try:
                 flat = self._program.flatten(args, kwargs)
             except FactError as unlike:  # another call structure: the model decides what it is
-                if not getattr(self, "_warned_call", False):
-                    warnings.warn(f"FACT: {unlike}; this call runs the original module",
-                                  stacklevel=2)  # fmt: skip
-                    object.__setattr__(self, "_warned_call", True)
+                self._warn_once("call", f"FACT: {unlike}; this call runs the original module", 3)
                 return self.original(*args, **kwargs)
             state = self._program.state_inputs()  # once per call: guard, replay key, graph
             if self._built_for is not None and self._unlike_build(flat, state):
@@ -274,14 +276,13 @@ class OptimizedModule(nn.Module):
         self, flat: Sequence[Any], stale: list[str], state: Sequence[Any]
     ) -> list[Any]:
         """The exported graph as traced: the plan may have relied on the old buffer values."""
-        if not getattr(self, "_warned_stale", False):
-            warnings.warn(
-                f"FACT: buffers or tensor attributes {stale} changed after optimize, and the "
-                "plan may rely on their values (a causal mask, a constant); this module now runs "
-                "the original graph. Optimize again to get kernels for the new values.",
-                stacklevel=3,
-            )
-            object.__setattr__(self, "_warned_stale", True)
+        self._warn_once(
+            "stale",
+            f"FACT: buffers or tensor attributes {stale} changed after optimize, and the plan "
+            "may rely on their values (a causal mask, a constant); this module now runs the "
+            "original graph. Optimize again to get kernels for the new values.",
+            stacklevel=4,
+        )
         return list(self._program.graph_module(*state, *flat))
 
     def _graphed(self, flat: Sequence[Any], state: Sequence[Any]) -> list[Any]:
@@ -674,13 +675,13 @@ def verify_end_to_end(
     with torch.no_grad():
         eager = model(*inputs)
     ref = reference_outputs(model, inputs)
+    eager_err = rel_err(eager, ref) if ref is not None else 0.0
     # A float64 copy grossly off eager is no reference (a model that computes in its own dtype
     # whatever its state's): twice its distance from eager would make a loose bound.
-    if ref is not None and not rel_err(eager, ref) <= 10 * tol:
-        ref = None
+    if ref is None or not eager_err <= 10 * tol:
+        ref, eager_err = None, 0.0
     against = "float64" if ref is not None else "eager"
     ref = ref if ref is not None else eager
-    eager_err = rel_err(eager, ref) if against == "float64" else 0.0
     bound = max(tol, 2 * eager_err)
     flat = program.flatten(inputs)
     record: dict[str, Any] = {
@@ -703,15 +704,15 @@ def verify_end_to_end(
             record["error"] = err
             record["passed"] = err <= bound
             return gm, record
-        worst, why = _most_harmful(program, plan, decisions, active, flat, ref)
-        why = why or (f"the composed module raised {failure} with it" if failure else "")
+        worst, raised = _most_harmful(program, plan, decisions, active, flat, ref)
+        raised = raised or failure
         worst["fallback"] = True
         worst["fallback_from"] = worst.get("chosen")
         # what runs there now: PyTorch; the dropped implementation's figures stay in candidates
         worst.update(chosen="pytorch", kind="pytorch", time_us=None, error=None)
         worst["reason"] = (
-            f"fell back to PyTorch: {why}"
-            if why
+            f"fell back to PyTorch: the composed module raised {raised} with it"
+            if raised
             else f"fell back to PyTorch: the module's end-to-end error was {err:.3g} "
             f"(bound {bound:.3g}) with it"
         )
@@ -738,31 +739,31 @@ def _composed_error(program, plan, decisions, flat, ref) -> tuple[Any, float, st
 
 def _most_harmful(program, plan, decisions, active, flat, ref) -> tuple[dict[str, Any], str]:
     """The active pattern whose fallback alone lowers the module's error the most, and what it
-    did (the failure it raised, where it raised one; else empty). Where no single fallback
-    helps (two patterns break the module), each active pattern is composed alone instead, and
-    the first that breaks the module by itself is the one."""
+    raised (where it raised; else empty). Where no single fallback helps (two patterns break
+    the module), each active pattern is composed alone instead, and the first that breaks the
+    module by itself is the one."""
+
+    def without(dropped: Sequence[dict[str, Any]]) -> tuple[float, str]:
+        for d in dropped:
+            d["fallback"] = True
+        try:
+            _, err, failure = _composed_error(program, plan, decisions, flat, ref)
+        finally:
+            for d in dropped:
+                d["fallback"] = False
+        return err, failure
+
     best, best_err = active[0], math.inf
     for d in active:
-        d["fallback"] = True
-        try:
-            _, err, _ = _composed_error(program, plan, decisions, flat, ref)
-        finally:
-            d["fallback"] = False
+        err, _ = without([d])
         if err < best_err:
             best, best_err = d, err
     if math.isfinite(best_err):
         return best, ""
     for d in active:
-        others = [o for o in active if o is not d]
-        for o in others:
-            o["fallback"] = True
-        try:
-            _, err, failure = _composed_error(program, plan, decisions, flat, ref)
-        finally:
-            for o in others:
-                o["fallback"] = False
+        err, failure = without([o for o in active if o is not d])
         if not math.isfinite(err):
-            return d, f"the composed module raised {failure} with it" if failure else ""
+            return d, failure
     return best, ""
 
 

@@ -471,13 +471,8 @@ def _movable_before(
         n = todo.pop()
         if n in before or n in found:
             continue
-        if (
-            n in region_nodes
-            or n.op != "call_function"
-            or written_args(n)
-            or (is_random_op(n.target))
-        ):
-            return None
+        if n in region_nodes or n.op != "call_function" or is_random_op(n.target):
+            return None  # (a write among them the scan below refuses)
         found.add(n)
         todo.extend(n.all_input_nodes)
     if not found:
