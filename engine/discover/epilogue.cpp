@@ -17,19 +17,22 @@ using ir::TensorType;
 
 namespace {
 
-bool shape_only_view(const Graph& g, const Node& n, int64_t n_cols) {
+// A view that keeps the elements' order: a reshape of a contiguous tensor, or any view (a
+// permute that moves only unit dims, as einsum's decomposition makes) whose input and output are
+// both contiguous with as many elements. Its last dim may differ from the GEMM's columns on the
+// way (einsum's (b, s, 1, n) -> (b, s, n, 1) -> (b, s, n)): see grow_epilogue.
+bool shape_only_view(const Graph& g, const Node& n) {
   static const std::set<Op> flat = {Op::view,    Op::reshape,   Op::unsafe_view, Op::flatten,
                                     Op::unflatten, Op::squeeze, Op::unsqueeze};
-  if (!flat.count(n.op) || n.outputs.size() != 1) return false;
-  const int src = first_operand(n);
-  const auto& in = g.node(src);
-  return in.outputs.size() == 1 && in.type().is_contiguous() && n.type().rank() > 0 &&
-         n.type().shape.back() == n_cols;
+  if (n.outputs.size() != 1 || !(flat.count(n.op) || is_view(n))) return false;
+  const auto& in = g.node(first_operand(n));
+  if (in.outputs.size() != 1 || !in.type().is_contiguous() || n.type().rank() == 0) return false;
+  return flat.count(n.op) || (n.type().is_contiguous() && n.type().numel() == in.type().numel());
 }
 
 // Pass-through nodes: no Expr of their own.
-bool pass_through(const Graph& g, const Node& n, int64_t n_cols) {
-  return is_identity(g, n) || shape_only_view(g, n, n_cols);
+bool pass_through(const Graph& g, const Node& n) {
+  return is_identity(g, n) || shape_only_view(g, n);
 }
 
 // Can `n` be translated to an epilogue function at all? (Dry run on a scratch graph.)
@@ -327,6 +330,7 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
   const int64_t n_cols = G.type().rank() ? G.type().shape.back() : 1;
   const int total = g.size();
   std::vector<char> down(static_cast<size_t>(total), 0), cand(static_cast<size_t>(total), 0);
+  std::vector<char> folded(static_cast<size_t>(total), 0);  // views not ending in n_cols
   down[static_cast<size_t>(gemm)] = 1;
   auto in_region = [&](int id) { return id == gemm || cand[static_cast<size_t>(id)]; };
 
@@ -341,18 +345,31 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
     }
     if (!reads_region) continue;
     std::string why;
-    bool ok = pass_through(g, n, n_cols) || translatable(g, n, why);
+    const bool passes = pass_through(g, n);
+    bool ok = passes || translatable(g, n, why);
     if (taken && (*taken)[static_cast<size_t>(id)]) {
       ok = false;
       why = (*taken)[static_cast<size_t>(id)] == kSecondFull
                 ? "it reads a second full-size tensor (the kernel reads one, as C)"
                 : "another pattern computes it";
     }
-    if (ok && (n.outputs.size() != 1 || n.type().numel() != G.type().numel() ||
-               n.type().shape.back() != n_cols)) {
+    if (ok && (n.outputs.size() != 1 || n.type().numel() != G.type().numel())) {
       ok = false;  // broadcasting the GEMM result up (or down) is not an epilogue
       why = "its output " + (n.outputs.size() == 1 ? n.type().str() : std::string("?")) +
             " does not have the GEMM's shape " + G.type().str();
+    } else if (ok && n.type().shape.back() != n_cols) {
+      // A view on the way to the GEMM's shape may have another last dim; it can be neither the
+      // result nor the input of a computation, whose operands broadcast against that dim.
+      ok = passes;
+      folded[static_cast<size_t>(id)] = 1;
+      why = "its output " + n.type().str() + " does not end in the GEMM's " +
+            std::to_string(n_cols) + " columns";
+    }
+    for (int o : ops) {
+      if (ok && !passes && folded[static_cast<size_t>(o)]) {
+        ok = false;
+        why = "it reads '" + g.node(o).name + "', a view whose last dim is not the GEMM's columns";
+      }
     }
     for (int o : ops) {
       if (!ok || in_region(o)) continue;
@@ -382,7 +399,7 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
   std::vector<char> region(static_cast<size_t>(total), 0);
   int sink = -1;
   for (int s = total - 1; s > gemm && sink < 0; --s) {
-    if (!cand[static_cast<size_t>(s)]) continue;
+    if (!cand[static_cast<size_t>(s)] || folded[static_cast<size_t>(s)]) continue;
     std::fill(region.begin(), region.end(), 0);
     region[static_cast<size_t>(s)] = 1;
     for (int v = s; v >= gemm; --v) {
@@ -460,7 +477,7 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
   for (int v = gemm + 1; v <= sink; ++v) {
     if (!region[static_cast<size_t>(v)]) continue;
     const auto& n = g.node(v);
-    if (pass_through(g, n, n_cols)) {
+    if (pass_through(g, n)) {
       ep.nodes.push_back(v);
       expr_of[v] = expr_of.at(first_operand(n));
       continue;

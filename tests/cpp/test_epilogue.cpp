@@ -447,6 +447,47 @@ TEST_P(GrowEpilogue, CastsAreAbsorbedWithoutASteps) {
   EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"up", "r"}));
 }
 
+// einsum's decomposition ends its contraction with (16, 1, 8) -> permute -> (16, 8, 1) -> view
+// (16, 8): views that keep the elements' order, one of them not ending in the GEMM's columns.
+GraphBuilder einsum_tail(const std::string& dt) {
+  auto b = linear_graph(dt, true);
+  b.call("v1", "aten.view.default", {N("y"), L({16, 1, 8})}, T(dt, {16, 1, 8}));
+  b.call("p", "aten.permute.default", {N("v1"), L({0, 2, 1})}, T(dt, {16, 8, 1}, std::vector<int64_t>{8, 1, 8}));
+  b.call("v2", "aten.view.default", {N("p"), L({16, 8})}, T(dt, {16, 8}));
+  return b;
+}
+
+TEST_P(GrowEpilogue, PermuteOfUnitDimsIsAPassThroughView) {
+  auto b = einsum_tail(dt());
+  b.call("r", "aten.relu.default", {N("v2")}, t());
+  const auto r = grow(b);
+  EXPECT_EQ(r.ep.steps, Steps({"bias", "relu"}));
+  EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"v1", "p", "v2", "r"}));
+  EXPECT_EQ(r.ep.output, id_of(r.g, "r"));
+}
+
+TEST_P(GrowEpilogue, AViewNotEndingInTheColumnsIsNeitherComputedOnNorTheResult) {
+  auto b = einsum_tail(dt());
+  b.call("r", "aten.relu.default", {N("p")}, T(dt(), {16, 8, 1}, std::vector<int64_t>{8, 1, 8}));
+  const auto r = grow(b);
+  EXPECT_EQ(r.ep.output, id_of(r.g, "v1"));  // the last view ending in the columns
+  EXPECT_EQ(names(r.g, r.ep.nodes), Steps({"v1"}));
+  bool said = false;
+  for (const auto& stop : r.ep.stops) said = said || stop.find("stops before 'r'") != std::string::npos;
+  EXPECT_TRUE(said) << ::testing::PrintToString(r.ep.stops);
+}
+
+TEST_P(GrowEpilogue, APermuteThatMovesDataIsNotAView) {
+  GraphBuilder b(dt());
+  b.input("x", T(dt(), {16, 32}));
+  b.param("w", T(dt(), {8, 32}));
+  b.call("y", "aten.linear.default", {N("x"), N("w")}, T(dt(), {16, 8}));
+  b.call("p", "aten.permute.default", {N("y"), L({1, 0})}, T(dt(), {8, 16}, std::vector<int64_t>{1, 8}));
+  b.call("r", "aten.relu.default", {N("p")}, T(dt(), {8, 16}, std::vector<int64_t>{1, 8}));
+  const auto r = grow(b);
+  EXPECT_TRUE(r.ep.nodes.empty()) << ::testing::PrintToString(names(r.g, r.ep.nodes));
+}
+
 TEST_P(GrowEpilogue, StopsAtANonPointwiseNode) {
   auto b = linear_graph(dt(), true);
   b.call("r", "aten.relu.default", {N("y")}, t());

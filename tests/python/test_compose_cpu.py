@@ -3045,3 +3045,77 @@ def test_horizontal_gemm_runs_as_one_fact_gemm_parts_call(engine_available, tmp_
         assert traced.count(PARTS_OP) == 1
     finally:
         torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------
+# einsum: torch's own decomposition (fact.rewrites.einsums) exposes the GEMM to the rules
+
+
+class EinsumProjections(nn.Module):
+    """Projections written with einsum: a weight as nn.Linear keeps it, with a bias and GELU
+    after; a weight kept (in, out) with a ReLU; a batched contraction with a scaled sigmoid."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(48, 32) / 6)
+        self.b = nn.Parameter(torch.randn(48))
+        self.u = nn.Parameter(torch.randn(48, 64) / 7)
+        self.g = nn.Parameter(torch.randn(4, 64, 16) / 8)
+
+    def forward(self, x):
+        h = nn.functional.gelu(torch.einsum("bsd,od->bso", x, self.w) + self.b)
+        h = torch.relu(torch.einsum("...d,de->...e", h, self.u))
+        return torch.sigmoid(torch.einsum("gnd,gde->gne", h.view(4, -1, 64), self.g)) * 2.0
+
+
+def test_einsum_projections_are_gemms_with_their_tails(engine_available, tmp_path, monkeypatch):
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(43)
+    model, x = EinsumProjections().eval(), torch.randn(2, 16, 32)
+    plan = fact.discover(model, [x])
+    gemms = sorted(
+        (tuple(p["epilogue"]), p["problem"].get("batch", 1), p["problem"]["n"])
+        for p in plan["patterns"]
+        if p["family"] == "gemm"
+    )
+    assert gemms == [
+        (("bias", "gelu_erf"), 1, 48),
+        (("relu",), 1, 64),
+        (("sigmoid", "scale"), 4, 16),
+    ]
+    assert len(plan["patterns"]) == 3 and not plan["pytorch_nodes"], plan["pytorch_nodes"]
+    opt = fact.optimize(model, [x], precision="highest", implementations=reference_twins,
+                        require_faster=False, use_cache=False, run_dir=tmp_path / "r",
+                        quiet=True)  # fmt: skip
+    assert [p["chosen"] for p in by_family(opt.report, "gemm")] == ["reference:ref"] * 3
+    assert "einsum: einsum ('bsd,od->bso') as" in (tmp_path / "r" / "transcript.txt").read_text()
+    for seed in (1, 2):
+        (y,) = fresh_inputs([x], seed)
+        assert rel_err(opt(y), eager(model, y)) < 1e-5
+    with torch.no_grad():  # the parameters are shared: an update is seen
+        model.w.mul_(-0.5)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+class EinsumThreeOperands(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.randn(32, 24))
+        self.b = nn.Parameter(torch.randn(24, 16))
+
+    def forward(self, x):
+        return torch.einsum("nd,de,ef->nf", x, self.a, self.b)
+
+
+def test_einsum_of_three_operands_stays_one_opaque_op(engine_available, tmp_path):
+    torch.manual_seed(44)
+    model, x = EinsumThreeOperands().eval(), torch.randn(8, 32)
+    plan = fact.discover(model, [x])
+    assert not [p for p in plan["patterns"] if p["family"] == "gemm"]
+    assert [n["op"] for n in plan["opaque_nodes"]] == ["aten.einsum.default"], plan["opaque_nodes"]
+    opt = fact.optimize(model, [x], require_faster=False, use_cache=False, run_dir=tmp_path / "r",
+                        quiet=True)  # fmt: skip
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
