@@ -2180,6 +2180,89 @@ def test_gated_mlp_runs_as_two_library_gemms_plus_a_pointwise_tail(engine_availa
         GatedTailImpl({k: v for k, v in gated.items() if k != "tail"}, "reference")
 
 
+class FusedGateUp(nn.Module):
+    """A gated MLP with one projection for gate and up (Phi-3's gate_up_proj), cut by `cut`:
+    chunk, split or slices; the gate is the second half with `gate_second`."""
+
+    def __init__(self, cut: str, gate_second: bool = False, bias: bool = False, d=64, h=96):
+        super().__init__()
+        self.cut, self.gate_second, self.h = cut, gate_second, h
+        self.gate_up = nn.Linear(d, 2 * h, bias=bias)
+        self.down = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        both = self.gate_up(x)
+        if self.cut == "chunk":
+            a, b = both.chunk(2, dim=-1)
+        elif self.cut == "split":
+            a, b = torch.split(both, self.h, dim=-1)
+        else:
+            a, b = both[..., : self.h], both[..., self.h :]
+        gate, up = (b, a) if self.gate_second else (a, b)
+        return x + self.down(F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("cut,gate_second", [("chunk", False), ("split", True), ("slices", False)])
+def test_fused_gate_up_projection_is_split_into_a_gated_mlp(
+    engine_available, tmp_path, cut, gate_second
+):
+    """fact.rewrites.gate_up_splits: the one projection becomes a gate and an up linear over
+    the two halves of its weight (views of the parameter, so an update is seen), which the
+    gated rule plans as one gate GEMM with act(acc) * up fused."""
+    from fact.compose.impls import GatedGemmImpl
+
+    torch.manual_seed(26)
+    model, x = FusedGateUp(cut, gate_second).eval(), torch.randn(2, 16, 64)
+    plan = fact.discover(model, [x])
+    (gated,) = [p for p in plan["patterns"] if p["family"] == "gated_mlp"]
+    assert gated["problem"]["n"] == 96 and gated["epilogue"] == ["silu", "mul"]
+    opt = _optimize_gated_mlp_as(GatedGemmImpl, "gated", model, x, tmp_path)
+    transcript = (tmp_path / "r" / "transcript.txt").read_text()
+    assert "gated MLP: linear (192 x 64) as a gate and an up linear" in transcript
+    assert ("the gate is the second half" in transcript) is gate_second
+    assert aten.silu.default not in targets(opt.graph_module)
+    for seed in (1, 2):
+        (y,) = fresh_inputs([x], seed)
+        assert rel_err(opt(y), eager(model, y)) < 1e-5
+    with torch.no_grad():  # both halves are views of the one weight
+        model.gate_up.weight[:96].mul_(-1.0)
+        model.gate_up.weight[96:].mul_(0.5)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_fused_gate_up_projection_with_a_bias_is_split_and_still_correct(
+    engine_available, tmp_path
+):
+    """With a bias the halves are two biased linears (the gated rule leaves biased projections
+    to the GEMM rules: the gate GEMM's epilogue adds its bias, applies the activation and
+    multiplies in the up half it reads as C)."""
+    torch.manual_seed(27)
+    model, x = FusedGateUp("chunk", bias=True).eval(), torch.randn(2, 16, 64)
+    plan = fact.discover(model, [x])
+    assert not [p for p in plan["patterns"] if p["family"] == "gated_mlp"]
+    epilogues = sorted(p["epilogue"] for p in plan["patterns"] if p["family"] == "gemm")
+    assert ["bias", "silu", "mul"] in epilogues, epilogues
+    opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    assert all(p["chosen"] == "reference:ref" for p in opt.report["patterns"]), opt.report
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_a_split_projection_that_is_not_gated_stays_one_linear(engine_available):
+    """Only halves meeting in act(gate) * up are split: a fused QKV-like cut read otherwise
+    keeps its one GEMM."""
+
+    class NotGated(FusedGateUp):
+        def forward(self, x):
+            a, b = self.gate_up(x).chunk(2, dim=-1)
+            return self.down(F.silu(a) + b)
+
+    model, x = NotGated("chunk").eval(), torch.randn(2, 16, 64)
+    plan = fact.discover(model, [x])
+    assert sorted(p["problem"]["n"] for p in plan["patterns"] if p["family"] == "gemm") == [64, 192]
+
+
 # ---------------------------------------------------------------------------------------------
 # 13. Generated attention: fact::attention and AttentionImpl (reference backend on CPU)
 

@@ -25,11 +25,12 @@ DTYPES = ["fp32", "bf16"]
 
 
 def plan_for(module: nn.Module, inputs, dtype: str, tmp_path: Path) -> tuple[dict, dict]:
-    """(plan, graph) for a module, through the same path `fact discover` takes."""
+    """(plan, graph) for a module, through the same path `fact discover` takes (with the
+    rewrites fact.optimize gives the program for sm90: fact.rewrites)."""
     from fact.engine import engine_json
     from fact.tracer import save_graph, trace
 
-    graph = trace(module.eval(), inputs, dtype=dtype)
+    graph = trace(module.eval(), inputs, dtype=dtype, arch="sm90")
     path = save_graph(graph, tmp_path / "graph.json")
     return engine_json("discover", path), graph
 
@@ -150,6 +151,14 @@ ZOO = {
         ("gemm", ("bias", "residual")): 2,
         ("gemm", ("bias",)): 1,
         ("norm", ("weight", "bias")): 2,
+    },
+    "phi3": {  # fused QKV cut by slices; fused gate/up cut by chunk, split into a gated MLP
+        ("norm", ("weight",)): 2,
+        ("gated_mlp", ("silu", "mul")): 1,
+        ("pointwise", ("mul", "slice", "slice", "neg", "cat", "mul", "add")): 2,  # RoPE
+        ("gemm", ("residual",)): 2,
+        ("gemm", ()): 1,
+        ("attention", ("scale", "causal_mask", "softmax")): 1,
     },
     "vit": {  # nn.MultiheadAttention's export: in_proj, SDPA, out_proj on (seq, batch) rows
         ("gemm", ("bias",)): 2,
