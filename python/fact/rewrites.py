@@ -7,6 +7,7 @@ ones, so both plan the same graph."""
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Collection
 from typing import Any
@@ -47,17 +48,18 @@ def apply(
 
 
 def einsums(program: torch.export.ExportedProgram) -> list[str]:
-    """Rewrite, in place, each two-operand einsum as torch's own decomposition of it (the ops its
-    CompositeImplicit kernel runs: unsqueezes, permutes and views around one bmm), so that the
-    GEMM rules see the contraction and the pointwise work after it; the engine knows no einsum.
-    The values are those einsum computes, op for op. Returns a line per rewrite."""
+    """Rewrite, in place, each two-operand einsum as torch.matmul over permuted views of its
+    operands (batch dims kept apart, as hand-written attention's q @ k.transpose(-2, -1)), or
+    as F.linear where it has no batch dims (a projection), so that the GEMM and attention
+    rules see the contraction and the work after it; the engine knows no einsum. Where the
+    equation is no such product (a diagonal, a dim summed within one operand, an outer
+    product), torch's own decomposition of it (the ops its CompositeImplicit kernel runs)
+    takes its place. Returns a line per rewrite."""
     gm = program.graph_module
     found = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is _EINSUM]
     fake_mode = fake_mode_of(gm) if found else None
     if fake_mode is None:
         return []
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     done = []
     for node in found:
         equation, operands = node.args[0], list(node.args[1])
@@ -65,29 +67,143 @@ def einsums(program: torch.export.ExportedProgram) -> list[str]:
         if len(operands) != 2 or node.kwargs.get("path") or len(node.args) > 2:
             continue  # a chain of contractions (or a given path) stays one opaque op
         if any(isinstance(d, torch.SymInt) for v in values for d in v.shape):
-            continue  # the decomposition's views would fix symbolic sizes
-        with fake_mode:
-            sub = make_fx(_contraction(equation))(*values)
+            continue  # the rewrite's views would fix symbolic sizes
         add = NodeBuilder(gm.graph, node, fake_mode)
-        env: dict[fx.Node, Any] = {}
-        inputs = iter(operands)
-        for step in sub.graph.nodes:
-            if step.op == "placeholder":
-                env[step] = next(inputs)
-            elif step.op == "call_function":
-                args, kwargs = fx.map_arg((step.args, step.kwargs), env.__getitem__)
-                env[step] = add(step.target, *args, **kwargs)
-            elif step.op == "output":
-                result = fx.map_arg(step.args[0], env.__getitem__)
+        form = matmul_form(equation, [tuple(v.shape) for v in values])
+        if form is not None:
+            result = _emit_matmul(add, operands, form)
+            how = "linear" if not form["batch"] else "matmul"
+            how += " over views of its operands"
+        else:
+            result, how = _emit_decomposed(add, operands, equation, values, fake_mode)
         node.replace_all_uses_with(result)
         name = node.name
         gm.graph.erase_node(node)
         take_name(result, name)
-        done.append(f"{name} ({equation!r}) as {_described(sub.graph)}")
+        done.append(f"{name} ({equation!r}) as {how}")
     if done:
         gm.graph.lint()
         gm.recompile()
     return done
+
+
+def matmul_form(equation: str, shapes: list[tuple[int, ...]]) -> dict[str, Any] | None:
+    """How a two-operand einsum is one matmul: {"a": A's permutation to (batch, m, k), "b": B's
+    to (batch, k, n), "batch"/"m"/"n"/"k": the dims' sizes, "out": the permutation from
+    (batch, m, n) to the equation's output}; None where it is not (a letter repeated in one
+    term, summed within one operand, an outer product, ellipsis dims that broadcast)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != 2 or len(shapes) != 2:
+        return None
+    used = {c for c in eq if c.isalpha()}
+    spare = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used]
+    ellipsis_rank = 0
+    for term, shape in zip(terms, shapes, strict=True):
+        if "..." in term:
+            ellipsis_rank = max(ellipsis_rank, len(shape) - len(term.replace("...", "")))
+    ell = spare[:ellipsis_rank]
+    expanded = []
+    for term, shape in zip(terms, shapes, strict=True):
+        if "..." in term:
+            own = len(shape) - len(term.replace("...", ""))
+            term = term.replace("...", "".join(ell[ellipsis_rank - own :]))
+        if len(term) != len(shape) or len(set(term)) != len(term):
+            return None
+        expanded.append(term)
+    a, b = expanded
+    if not arrow:  # implicit output: the letters seen once, in order, after the ellipsis
+        once = sorted(c for c in set(a + b) if (a + b).count(c) == 1 and c not in ell)
+        out = "".join(ell) + "".join(once)
+    out = out.replace("...", "".join(ell))
+    if len(set(out)) != len(out) or any(c not in a + b for c in out):
+        return None
+    size = {}
+    for term, shape in zip(expanded, shapes, strict=True):
+        for c, d in zip(term, shape, strict=True):
+            if size.setdefault(c, d) != d:
+                return None  # broadcasting dims (1 against n) are einsum's to handle
+    batch = [c for c in out if c in a and c in b]
+    m = [c for c in out if c in a and c not in b]
+    n = [c for c in out if c in b and c not in a]
+    k = [c for c in a if c in b and c not in out]
+    if not k or len(batch) + len(m) + len(k) != len(a) or len(batch) + len(k) + len(n) != len(b):
+        return None  # an outer product, or a dim summed within one operand
+    order = batch + m + n
+    return {
+        "a": [a.index(c) for c in batch + m + k],
+        "b": [b.index(c) for c in batch + k + n],
+        "batch": [size[c] for c in batch],
+        "m": [size[c] for c in m],
+        "n": [size[c] for c in n],
+        "k": [size[c] for c in k],
+        "out": [order.index(c) for c in out],
+    }
+
+
+def _emit_matmul(add: NodeBuilder, operands: list[fx.Node], form: dict[str, Any]) -> fx.Node:
+    """torch.matmul(A', B') for a `matmul_form`: A' is (batch, m..., K), B' (batch, 1..., K, N)
+    (a 1 for each m dim but the last, so that they broadcast), K and N each one dim; the result
+    is cut back into the n dims and permuted to the equation's output."""
+
+    def permuted(node: fx.Node, perm: list[int]) -> fx.Node:
+        """The view as hand-written code makes it: a transpose where two dims swap."""
+        moved = [i for i, p in enumerate(perm) if p != i]
+        if not moved:
+            return node
+        if len(moved) == 2:
+            return add(aten.transpose.int, node, *moved)
+        return add(aten.permute.default, node, perm)
+
+    def reshaped(node: fx.Node, shape: list[int]) -> fx.Node:
+        return (
+            node if list(value_of(node).shape) == shape else add(aten.reshape.default, node, shape)
+        )
+
+    k = math.prod(form["k"])
+    n = math.prod(form["n"])
+    if not form["batch"]:  # a projection: linear(A' (m..., K), B' (N, K)), as nn.Linear
+        nk = list(range(len(form["k"]), len(form["b"]))) + list(range(len(form["k"])))
+        lhs = reshaped(permuted(operands[0], form["a"]), [*(form["m"] or [1]), k])
+        weight = reshaped(permuted(operands[1], [form["b"][i] for i in nk]), [n, k])
+        product = reshaped(add(aten.linear.default, lhs, weight), [*form["m"], *form["n"]])
+        return permuted(product, form["out"])
+    m = form["m"] or [1]
+    lhs = reshaped(permuted(operands[0], form["a"]), [*form["batch"], *m, k])
+    nb, nk = len(form["batch"]), len(form["k"])
+    b_batch, b_k, b_n = form["b"][:nb], form["b"][nb : nb + nk], form["b"][nb + nk :]
+    if b_n and b_k and min(b_n) < min(b_k):  # B holds n before k (attention's K): (.., n, k)^T
+        rhs = reshaped(permuted(operands[1], b_batch + b_n + b_k), [*form["batch"], n, k])
+        rhs = add(aten.transpose.int, rhs, -2, -1)
+    else:
+        rhs = reshaped(permuted(operands[1], form["b"]), [*form["batch"], k, n])
+    if len(m) > 1:  # the m dims but the last broadcast against B
+        rhs = reshaped(rhs, [*form["batch"], *([1] * (len(m) - 1)), k, n])
+    product = add(aten.matmul.default, lhs, rhs)
+    product = reshaped(product, [*form["batch"], *form["m"], *form["n"]])
+    return permuted(product, form["out"])
+
+
+def _emit_decomposed(
+    add: NodeBuilder, operands: list[fx.Node], equation: str, values: list[Any], fake_mode: Any
+) -> tuple[fx.Node, str]:
+    """torch's own decomposition of a two-operand einsum (its CompositeImplicit kernel's ops)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_mode:
+        sub = make_fx(_contraction(equation))(*values)
+    env: dict[fx.Node, Any] = {}
+    inputs = iter(operands)
+    for step in sub.graph.nodes:
+        if step.op == "placeholder":
+            env[step] = next(inputs)
+        elif step.op == "call_function":
+            args, kwargs = fx.map_arg((step.args, step.kwargs), env.__getitem__)
+            env[step] = add(step.target, *args, **kwargs)
+        elif step.op == "output":
+            result = fx.map_arg(step.args[0], env.__getitem__)
+    return result, _described(sub.graph)
 
 
 def _contraction(equation: str) -> Any:
@@ -118,9 +234,11 @@ def gate_up_splits(program: torch.export.ExportedProgram) -> list[str]:
     if fake_mode is None:
         return []
     done = []
-    for linear, parts, gate in found:
+    for linear, bias_add, parts, gate in found:
         x, w = linear.args[0], linear.args[1]
         bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+        if bias_add is not None:
+            bias = next(a for a in bias_add.args if a is not linear)
         half = value_of(w).shape[0] // 2
         add = NodeBuilder(gm.graph, linear, fake_mode)
         made = []
@@ -131,12 +249,11 @@ def gate_up_splits(program: torch.export.ExportedProgram) -> list[str]:
                 args.append(add(aten.slice.Tensor, bias, 0, *rows))
             made.append(add(aten.linear.default, *args))
             parts[i].replace_all_uses_with(made[-1])
-        cut = parts[0].args[0]  # the chunk or split the halves are items of, or the linear
+        cut = parts[0].args[0]  # the chunk or split the halves are items of, or the output
         for node in parts:
             gm.graph.erase_node(node)
-        if cut is not linear:
-            gm.graph.erase_node(cut)
-        gm.graph.erase_node(linear)
+        for node in dict.fromkeys(n for n in (cut, bias_add, linear) if n is not None):
+            gm.graph.erase_node(node)  # the cut, the bias add, the linear: each unused now
         take_name(made[0], linear.name)
         done.append(
             f"{linear.name} ({value_of(w).shape[0]} x {value_of(w).shape[1]}) as a gate and an "
@@ -149,16 +266,22 @@ def gate_up_splits(program: torch.export.ExportedProgram) -> list[str]:
     return done
 
 
-def _fused_gate_up(linear: fx.Node) -> tuple[fx.Node, list[fx.Node], int] | None:
-    """(linear, [first half, second half], which half is the gate) where `linear`'s output is
-    used only cut in two halves along its last dim that meet in act(gate) * up."""
+def _fused_gate_up(
+    linear: fx.Node,
+) -> tuple[fx.Node, fx.Node | None, list[fx.Node], int] | None:
+    """(linear, the add of a bias vector after it or None, [first half, second half], which
+    half is the gate) where `linear`'s output (plus a bias, for a bias-free linear) is used only
+    cut in two halves along its last dim that meet in act(gate) * up."""
     if linear.op != "call_function" or linear.target is not aten.linear.default:
         return None
     out = value_of(linear)
     if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[-1] % 2:
         return None
     half, last = out.shape[-1] // 2, out.dim() - 1
-    parts = _halves(linear, half, last)
+    cut_from, bias_add = linear, _bias_add(linear)
+    if bias_add is not None:
+        cut_from = bias_add
+    parts = _halves(cut_from, half, last)
     if parts is None:
         return None
     for gate in (0, 1):
@@ -172,14 +295,32 @@ def _fused_gate_up(linear: fx.Node) -> tuple[fx.Node, list[fx.Node], int] | None
             and list(acts[0].users) == [mul]
             and {a for a in mul.args if isinstance(a, fx.Node)} == {acts[0], parts[1 - gate]}
         ):
-            return linear, parts, gate
+            return linear, bias_add, parts, gate
     return None
 
 
-def _halves(linear: fx.Node, half: int, last: int) -> list[fx.Node] | None:
-    """The two nodes that are `linear`'s output's halves along dim `last` and its only uses:
-    getitems of a chunk(2) or split(half) (or split_with_sizes [half, half]), or two slices."""
+def _bias_add(linear: fx.Node) -> fx.Node | None:
+    """The only use of a bias-free `linear`, where it adds a vector of its width (a bias written
+    out: linear(x, w) + b), else None."""
     users = list(linear.users)
+    has_bias = len(linear.args) > 2 and linear.args[2] is not None
+    if has_bias or linear.kwargs.get("bias") is not None or len(users) != 1:
+        return None
+    (add,) = users
+    if add.target is not aten.add.Tensor or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+        return None
+    other = next((a for a in add.args if a is not linear), None)
+    vec = value_of(other)
+    width = value_of(linear).shape[-1]
+    if not isinstance(vec, torch.Tensor) or tuple(vec.shape) != (width,):
+        return None
+    return add
+
+
+def _halves(node: fx.Node, half: int, last: int) -> list[fx.Node] | None:
+    """The two nodes that are `node`'s output's halves along dim `last` and its only uses:
+    getitems of a chunk(2) or split(half) (or split_with_sizes [half, half]), or two slices."""
+    users = list(node.users)
 
     def dim_ok(d: Any) -> bool:
         return d in (-1, last)

@@ -2184,14 +2184,17 @@ class FusedGateUp(nn.Module):
     """A gated MLP with one projection for gate and up (Phi-3's gate_up_proj), cut by `cut`:
     chunk, split or slices; the gate is the second half with `gate_second`."""
 
-    def __init__(self, cut: str, gate_second: bool = False, bias: bool = False, d=64, h=96):
+    def __init__(self, cut: str, gate_second: bool = False, bias: str = "", d=64, h=96):
         super().__init__()
         self.cut, self.gate_second, self.h = cut, gate_second, h
-        self.gate_up = nn.Linear(d, 2 * h, bias=bias)
+        self.gate_up = nn.Linear(d, 2 * h, bias=bias == "linear")
+        self.bias = nn.Parameter(torch.randn(2 * h)) if bias == "added" else None
         self.down = nn.Linear(h, d, bias=False)
 
     def forward(self, x):
         both = self.gate_up(x)
+        if self.bias is not None:  # the bias written out after a bias-free projection
+            both = both + self.bias
         if self.cut == "chunk":
             a, b = both.chunk(2, dim=-1)
         elif self.cut == "split":
@@ -2230,14 +2233,19 @@ def test_fused_gate_up_projection_is_split_into_a_gated_mlp(
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+@pytest.mark.parametrize("bias", ["linear", "added"])
 def test_fused_gate_up_projection_with_a_bias_is_split_and_still_correct(
-    engine_available, tmp_path
+    engine_available, tmp_path, bias
 ):
-    """With a bias the halves are two biased linears (the gated rule leaves biased projections
-    to the GEMM rules: the gate GEMM's epilogue adds its bias, applies the activation and
-    multiplies in the up half it reads as C)."""
+    """With a bias (the linear's, or a vector added after it) the halves are two biased
+    linears (the gated rule leaves biased projections to the GEMM rules: the gate GEMM's
+    epilogue adds its bias, applies the activation and multiplies in the up half it reads as
+    C)."""
     torch.manual_seed(27)
-    model, x = FusedGateUp("chunk", bias=True).eval(), torch.randn(2, 16, 64)
+    model, x = (
+        FusedGateUp("chunk", gate_second=bias == "added", bias=bias).eval(),
+        torch.randn(2, 16, 64),
+    )
     plan = fact.discover(model, [x])
     assert not [p for p in plan["patterns"] if p["family"] == "gated_mlp"]
     epilogues = sorted(p["epilogue"] for p in plan["patterns"] if p["family"] == "gemm")
@@ -3180,6 +3188,97 @@ def test_einsum_projections_are_gemms_with_their_tails(engine_available, tmp_pat
     with torch.no_grad():  # the parameters are shared: an update is seen
         model.w.mul_(-0.5)
     assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "equation,shapes,want",
+    [
+        # a projection: no batch dims, m = (b, s), k = d, n = o
+        ("bsd,od->bso", [(2, 3, 4), (5, 4)], {"a": [0, 1, 2], "b": [1, 0], "out": [0, 1, 2]}),
+        # attention's scores and output: batch (b, h); K is read transposed
+        ("bqhd,bkhd->bhqk", [(2, 7, 3, 4), (2, 9, 3, 4)], {"a": [0, 2, 1, 3], "b": [0, 2, 3, 1]}),
+        ("bhqk,bkhd->bqhd", [(2, 3, 7, 9), (2, 9, 3, 4)], {"out": [0, 2, 1, 3]}),
+        ("...d,de->...e", [(2, 3, 4), (4, 5)], {"a": [0, 1, 2], "m": [2, 3], "n": [5]}),
+        ("ij,jk", [(2, 3), (3, 4)], {"m": [2], "k": [3], "n": [4]}),  # implicit output "ik"
+        ("ii,ij->j", [(3, 3), (3, 4)], None),  # a diagonal
+        ("ij,jk->k", [(2, 3), (3, 4)], None),  # i summed within one operand
+        ("i,j->ij", [(2,), (3,)], None),  # an outer product: nothing contracted
+        ("bij,bjk->bik", [(1, 2, 3), (4, 3, 5)], None),  # b broadcasts
+    ],
+)
+def test_einsum_matmul_form(equation, shapes, want):
+    from fact.rewrites import matmul_form
+
+    form = matmul_form(equation, shapes)
+    if want is None:
+        assert form is None
+    else:
+        assert form is not None and {k: form[k] for k in want} == want, form
+
+
+class EinsumAttention(nn.Module):
+    """Causal self-attention written with einsum, heads kept in (b, s, h, d) order."""
+
+    def __init__(self, d: int = 64, heads: int = 4, seq: int = 32):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.register_buffer("mask", torch.tril(torch.ones(seq, seq)).bool())
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        att = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(c // self.heads)
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(-1)
+        return self.out(torch.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, t, c))
+
+
+def test_einsum_attention_is_an_attention_pattern(engine_available, tmp_path, monkeypatch):
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(45)
+    model, x = EinsumAttention().eval(), torch.randn(2, 32, 64)
+    plan = fact.discover(model, [x])
+    (att,) = [p for p in plan["patterns"] if p["family"] == "attention"]
+    assert att["epilogue"] == ["scale", "causal_mask", "softmax"] and att["attrs"]["causal"]
+    assert not plan["pytorch_nodes"], plan["pytorch_nodes"]
+
+    def twins(index, pattern):
+        return attention_twins(index, pattern) + reference_twins(index, pattern)
+
+    opt = fact.optimize(model, [x], implementations=twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    assert [p["chosen"] for p in opt.report["patterns"]] == ["reference:ref"] * 3
+    for seed in (1, 2):
+        (y,) = fresh_inputs([x], seed)
+        assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+class EinsumOtherForms(nn.Module):
+    """Two-operand einsums that are no single product: a diagonal, an outer product."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, x):
+        diagonal = torch.einsum("ii,ij->j", x, self.w)  # (8,)
+        return diagonal * torch.einsum("i,j->ij", x[0], x[1, :8])  # (16, 8)
+
+
+def test_einsums_that_are_no_product_take_torchs_own_decomposition(engine_available, tmp_path):
+    torch.manual_seed(46)
+    model, x = EinsumOtherForms().eval(), torch.randn(16, 16)
+    plan = fact.discover(model, [x])
+    assert not [n for n in plan["opaque_nodes"] if n["op"] == "aten.einsum.default"]
+    opt = fact.optimize(model, [x], require_faster=False, use_cache=False, run_dir=tmp_path / "r",
+                        quiet=True)  # fmt: skip
+    transcript = (tmp_path / "r" / "transcript.txt").read_text()
+    assert "einsum: einsum ('ii,ij->j') as" in transcript and "linear" not in transcript
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
 
 
 class EinsumThreeOperands(nn.Module):

@@ -152,6 +152,14 @@ ZOO = {
         ("gemm", ("bias",)): 1,
         ("norm", ("weight", "bias")): 2,
     },
+    "einsum": {  # einsum projections, einsum attention, GEGLU with its bias written out
+        ("attention", ("scale", "causal_mask", "softmax")): 1,
+        ("gemm", ("bias", "gelu_erf", "mul")): 1,  # the gate half, reading the up half as C
+        ("gemm", ("bias",)): 1,  # the up half
+        ("gemm", ("residual",)): 2,
+        ("gemm", ()): 1,
+        ("norm", ("weight", "bias")): 2,
+    },
     "phi3": {  # fused QKV cut by slices; fused gate/up cut by chunk, split into a gated MLP
         ("norm", ("weight",)): 2,
         ("gated_mlp", ("silu", "mul")): 1,
