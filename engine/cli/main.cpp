@@ -40,7 +40,7 @@ int run(int argc, char** argv) {
   realize->add_option("--out", ropt.run_dir, "run directory (sources, logs, manifest)")->required();
   realize->add_option("--arch", ropt.discover.arch, "target")->check(CLI::IsMember({"sm90"}));
   realize->add_option("--registry", ropt.discover.registry_path, "pattern registry (SQLite)");
-  realize->add_option("--candidates", ropt.candidates, "configs compiled per pattern")->check(CLI::PositiveNumber);
+  realize->add_option("--candidates", ropt.candidates, "configs compiled per pattern")->check(CLI::Range(1, 1 << 20).description("at least 1"));
   realize->add_option("--configs", ropt.configs,
                       "compile exactly these configs (names as in candidates/pattern-N.json) for every GEMM or "
                       "attention pattern of their family they fit, instead of the ranked top N")

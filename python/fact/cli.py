@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fact import __version__
@@ -43,6 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fact: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the output could not be written: a full disk, a closed pipe
+        if exc.errno not in (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT):
+            raise
+        # What is left buffered for stdout would fail again when Python exits: drop it.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if exc.errno != errno.EPIPE:  # a reader that went away (| head) needs no message
+            print(f"fact: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `fact ... | head`: the reader left; say nothing more
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -83,8 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("target", metavar="PROBLEM.py", help="a problem file")
     _add_dtype(bench)
     bench.add_argument("--out", type=Path, help="run directory (default runs/bench-<name>-<dtype>)")
-    bench.add_argument("--candidates", type=int, default=4, help="kernels per GEMM pattern")
-    bench.add_argument("--reps", type=int, default=30, help="timed repetitions per module")
+    bench.add_argument(
+        "--candidates", type=_at_least(1), default=4, help="kernels per GEMM pattern"
+    )
+    bench.add_argument("--reps", type=_at_least(1), default=30, help="timed repetitions per module")
     bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     bench.add_argument("--no-cuda-graphs", action="store_true", help="no CUDA graph replay")
     _add_fold(bench)
@@ -125,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_dtype(realize)
     realize.add_argument("--out", required=True, type=Path, metavar="RUN_DIR", help="run directory")
     realize.add_argument(
-        "--candidates", type=int, metavar="N", help="configs per pattern (default 8)"
+        "--candidates", type=_at_least(1), metavar="N", help="configs per pattern (default 8)"
     )
     realize.add_argument(
         "--configs",
@@ -137,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     realize.add_argument(
         "--jobs",
-        type=int,
+        type=_at_least(1),
         metavar="N",
         help="parallel compiles (default: all at once up to 1.5x the cores, else one a core)",
     )
@@ -209,6 +221,21 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "target", metavar="PROBLEM.py|GRAPH.json", help="problem file, or a graph from `fact trace`"
     )
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum, refused with that said (before any tracing)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def _add_dtype(parser: argparse.ArgumentParser) -> None:

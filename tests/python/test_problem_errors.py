@@ -6,7 +6,11 @@ Through the CLI the same mistakes exit 2 with `fact: error: ...` on stderr and n
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,3 +224,39 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert main([]) == 2
     assert main(["--version"]) == 0
     assert "fact 0.1.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["realize", "--candidates", "0"],
+        ["realize", "--jobs", "-1"],
+        ["bench", "--reps", "0"],
+        ["bench", "--candidates", "x"],
+    ],
+)
+def test_cli_counts_below_one_are_refused_before_tracing(tmp_path, capsys, args):
+    """A count of 0 (or not a number) is refused by the front door with the option named,
+    before the model is traced; the engine's own message for it was a range up to 1.8e308."""
+    command, *rest = args
+    target = str(EXAMPLES / "minigpt_block.py")
+    assert main([command, target, "--out", str(tmp_path / "r"), *rest]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {rest[0]}" in err and ("at least 1" in err or "whole number" in err), err
+    assert "tracing" not in err and not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_cli_output_that_cannot_be_written_is_one_line(engine_available):
+    """`fact discover ... > /dev/full`: one line naming the failure, exit status 1, no
+    traceback (before: an OSError traceback from the write, and another at exit)."""
+    graph = Path(__file__).resolve().parents[1] / "cpp" / "data" / "mlp_block.json"
+    env = dict(os.environ, FACT_ENGINE=str(engine_available))
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "fact", "discover", str(graph)], stdout=full,
+                              stderr=subprocess.PIPE, text=True, env=env, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "fact: error: cannot write the output: No space left on device"
+    )
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
