@@ -274,9 +274,11 @@ def _fused_gate_up(
     cut in two halves along its last dim that meet in act(gate) * up."""
     if linear.op != "call_function" or linear.target is not aten.linear.default:
         return None
-    out = value_of(linear)
+    out, weight = value_of(linear), value_of(linear.args[1])
     if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[-1] % 2:
         return None
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return None  # a 1-D weight (a dot product per row) has no rows to cut
     half, last = out.shape[-1] // 2, out.dim() - 1
     cut_from, bias_add = linear, _bias_add(linear)
     if bias_add is not None:
@@ -310,9 +312,10 @@ def _bias_add(linear: fx.Node) -> fx.Node | None:
     if add.target is not aten.add.Tensor or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
         return None
     other = next((a for a in add.args if a is not linear), None)
-    vec = value_of(other)
-    width = value_of(linear).shape[-1]
-    if not isinstance(vec, torch.Tensor) or tuple(vec.shape) != (width,):
+    vec, out = value_of(other), value_of(linear)
+    if not isinstance(vec, torch.Tensor) or tuple(vec.shape) != (out.shape[-1],):
+        return None
+    if vec.dtype != out.dtype:  # the add promotes (bf16 + f32 is f32): not the linear's bias
         return None
     return add
 

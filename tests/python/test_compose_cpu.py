@@ -2257,6 +2257,52 @@ def test_fused_gate_up_projection_with_a_bias_is_split_and_still_correct(
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+class PromotedBiasGate(nn.Module):
+    """bf16 projection + an f32 vector: the add promotes to f32, so it is no bias of the linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 16, bias=False).to(torch.bfloat16)
+        self.b = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        g, u = (self.proj(x) + self.b).chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+class VectorWeightGate(nn.Module):
+    """F.linear with a 1-D weight: one dot product per row, whose (rows) output is then cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        g, u = F.linear(x, self.w).chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+@pytest.mark.parametrize(
+    "model,x",
+    [
+        (PromotedBiasGate(), torch.randn(4, 8, dtype=torch.bfloat16)),
+        (VectorWeightGate(), torch.randn(2, 8, 8)),
+    ],
+    ids=["promoted_bias", "vector_weight"],
+)
+def test_gate_up_cuts_that_are_no_fused_projection_are_left_alone(engine_available, model, x):
+    """Found by a fuzz: the split took an f32 vector added to a bf16 projection as its bias
+    (the result's dtype changed) and cut a 1-D weight's elements as if they were rows."""
+    from fact.rewrites import gate_up_splits
+
+    model = model.eval()
+    program = torch.export.export(model, (x,), strict=False)
+    assert gate_up_splits(program) == []
+    opt = fact.optimize(model, [x], require_faster=False, use_cache=False, quiet=True)
+    y = opt(x)
+    assert y.dtype == eager(model, x).dtype and rel_err(y, eager(model, x)) < 1e-6
+
+
 def test_a_split_projection_that_is_not_gated_stays_one_linear(engine_available):
     """Only halves meeting in act(gate) * up are split: a fused QKV-like cut read otherwise
     keeps its one GEMM."""
