@@ -240,7 +240,8 @@ def gate_up_splits(program: torch.export.ExportedProgram) -> list[str]:
         if bias_add is not None:
             bias = next(a for a in bias_add.args if a is not linear)
         half = value_of(w).shape[0] // 2
-        add = NodeBuilder(gm.graph, linear, fake_mode)
+        # after the bias add where there is one: its vector may be made after the linear
+        add = NodeBuilder(gm.graph, bias_add if bias_add is not None else linear, fake_mode)
         made = []
         for i in (gate, 1 - gate):
             rows = (i * half, (i + 1) * half)

@@ -2257,6 +2257,34 @@ def test_fused_gate_up_projection_with_a_bias_is_split_and_still_correct(
     assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
+class CastBiasGate(nn.Module):
+    """A bf16 projection whose f32 bias is cast after it (the bias node comes after the linear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 16, bias=False).to(torch.bfloat16)
+        self.bias = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        y = self.proj(x)
+        g, u = (y + self.bias.to(y.dtype)).chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
+def test_gate_up_split_with_a_bias_made_after_the_projection(engine_available):
+    """Found by a fuzz: the halves' bias slices went in right after the linear, before the
+    cast that makes the bias, and the graph did not lint. They now go after the bias add."""
+    from fact.rewrites import gate_up_splits
+
+    torch.manual_seed(28)
+    model, x = CastBiasGate().eval(), torch.randn(4, 8, dtype=torch.bfloat16)
+    program = torch.export.export(model, (x,), strict=False)
+    assert len(gate_up_splits(program)) == 1
+    opt = fact.optimize(model, [x], require_faster=False, use_cache=False, quiet=True)
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-2  # bf16: the bias is added before rounding
+
+
 class PromotedBiasGate(nn.Module):
     """bf16 projection + an f32 vector: the add promotes to f32, so it is no bias of the linear."""
 
