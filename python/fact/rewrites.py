@@ -323,7 +323,8 @@ def _bias_add(linear: fx.Node) -> fx.Node | None:
 
 def _halves(node: fx.Node, half: int, last: int) -> list[fx.Node] | None:
     """The two nodes that are `node`'s output's halves along dim `last` and its only uses:
-    getitems of a chunk(2) or split(half) (or split_with_sizes [half, half]), or two slices."""
+    getitems of a chunk(2) or split(half) (or split_with_sizes [half, half]), or two slices
+    or narrows."""
     users = list(node.users)
 
     def dim_ok(d: Any) -> bool:
@@ -344,15 +345,23 @@ def _halves(node: fx.Node, half: int, last: int) -> list[fx.Node] | None:
         if not ok or len(cut.users) != 2 or sorted(items) != [0, 1]:
             return None
         return [items[0], items[1]]
-    if len(users) != 2 or any(u.target is not aten.slice.Tensor for u in users):
+    if len(users) != 2:
         return None
-    bounds = {}
-    for u in users:
+    width, bounds = 2 * half, {}
+    for u in users:  # slices (negative bounds as Python reads them) or narrows of the last dim
         args = list(u.args) + [None] * 4
-        start, end = args[2] or 0, args[3] if args[3] is not None else 2 * half
-        if not dim_ok(args[1] if args[1] is not None else 0) or (args[4] or 1) != 1:
+        if u.target is aten.slice.Tensor and (args[4] or 1) == 1:
+            start, end = args[2] or 0, args[3] if args[3] is not None else width
+        elif u.target is aten.narrow.default:
+            start, end = args[2], args[2] + args[3] if isinstance(args[2], int) else None
+        else:
             return None
-        bounds[(start, min(end, 2 * half))] = u
-    if set(bounds) != {(0, half), (half, 2 * half)}:
+        if not (isinstance(start, int) and isinstance(end, int)):
+            return None
+        start, end = (i + width if i < 0 else i for i in (start, end))
+        if not dim_ok(args[1] if args[1] is not None else 0):
+            return None
+        bounds[(start, min(end, width))] = u
+    if set(bounds) != {(0, half), (half, width)}:
         return None
-    return [bounds[(0, half)], bounds[(half, 2 * half)]]
+    return [bounds[(0, half)], bounds[(half, width)]]

@@ -2182,7 +2182,8 @@ def test_gated_mlp_runs_as_two_library_gemms_plus_a_pointwise_tail(engine_availa
 
 class FusedGateUp(nn.Module):
     """A gated MLP with one projection for gate and up (Phi-3's gate_up_proj), cut by `cut`:
-    chunk, split or slices; the gate is the second half with `gate_second`."""
+    chunk, split, slices, narrow or negative slices; the gate is the second half with
+    `gate_second`."""
 
     def __init__(self, cut: str, gate_second: bool = False, bias: str = "", d=64, h=96):
         super().__init__()
@@ -2199,13 +2200,20 @@ class FusedGateUp(nn.Module):
             a, b = both.chunk(2, dim=-1)
         elif self.cut == "split":
             a, b = torch.split(both, self.h, dim=-1)
+        elif self.cut == "narrow":
+            a, b = both.narrow(-1, 0, self.h), both.narrow(-1, self.h, self.h)
+        elif self.cut == "negative":
+            a, b = both[..., : -self.h], both[..., -self.h :]
         else:
             a, b = both[..., : self.h], both[..., self.h :]
         gate, up = (b, a) if self.gate_second else (a, b)
         return x + self.down(F.silu(gate) * up)
 
 
-@pytest.mark.parametrize("cut,gate_second", [("chunk", False), ("split", True), ("slices", False)])
+@pytest.mark.parametrize(
+    "cut,gate_second",
+    [("chunk", False), ("split", True), ("slices", False), ("narrow", True), ("negative", False)],
+)
 def test_fused_gate_up_projection_is_split_into_a_gated_mlp(
     engine_available, tmp_path, cut, gate_second
 ):
