@@ -44,18 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fact: interrupted", file=sys.stderr)
         return 130
-    except OSError as exc:  # the output could not be written: a full disk, a closed pipe
+    except OSError as exc:  # the output could not be written: a closed pipe, a full disk
         if exc.errno not in (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT):
             raise
         # What is left buffered for stdout would fail again when Python exits: drop it.
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        if exc.errno != errno.EPIPE:  # a reader that went away (| head) needs no message
+        if exc.errno != errno.EPIPE:  # `fact ... | head`: the reader left; say nothing more
             print(f"fact: error: cannot write the output: {exc.strerror}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `fact ... | head`: the reader left; say nothing more
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
         return 1
 
 

@@ -1,6 +1,6 @@
 """The rewrites an exported program gets before it is planned, for a target: `einsums` (each
-two-operand einsum as torch's own decomposition of it), `gate_up_splits` (a fused gate and up
-projection split in two, as a gated MLP), fact.layouts (a producer writes the layout its
+two-operand einsum as the linear or matmul over views it is), `gate_up_splits` (a fused gate
+and up projection split in two, as a gated MLP), fact.layouts (a producer writes the layout its
 consumer's kernels read) and fact.folds (LayerNorms folded into the GEMMs after them).
 `fact.optimize` and the CLI's discover, explain and realize of a problem file apply the same
 ones, so both plan the same graph."""
@@ -163,16 +163,15 @@ def _emit_matmul(add: NodeBuilder, operands: list[fx.Node], form: dict[str, Any]
 
     k = math.prod(form["k"])
     n = math.prod(form["n"])
+    nb, nk = len(form["batch"]), len(form["k"])  # B's dims, in B's order: batch, k, n
+    b_batch, b_k, b_n = form["b"][:nb], form["b"][nb : nb + nk], form["b"][nb + nk :]
     if not form["batch"]:  # a projection: linear(A' (m..., K), B' (N, K)), as nn.Linear
-        nk = list(range(len(form["k"]), len(form["b"]))) + list(range(len(form["k"])))
         lhs = reshaped(permuted(operands[0], form["a"]), [*(form["m"] or [1]), k])
-        weight = reshaped(permuted(operands[1], [form["b"][i] for i in nk]), [n, k])
+        weight = reshaped(permuted(operands[1], b_n + b_k), [n, k])
         product = reshaped(add(aten.linear.default, lhs, weight), [*form["m"], *form["n"]])
         return permuted(product, form["out"])
     m = form["m"] or [1]
     lhs = reshaped(permuted(operands[0], form["a"]), [*form["batch"], *m, k])
-    nb, nk = len(form["batch"]), len(form["k"])
-    b_batch, b_k, b_n = form["b"][:nb], form["b"][nb : nb + nk], form["b"][nb + nk :]
     if b_n and b_k and min(b_n) < min(b_k):  # B holds n before k (attention's K): (.., n, k)^T
         rhs = reshaped(permuted(operands[1], b_batch + b_n + b_k), [*form["batch"], n, k])
         rhs = add(aten.transpose.int, rhs, -2, -1)
@@ -333,12 +332,14 @@ def _halves(node: fx.Node, half: int, last: int) -> list[fx.Node] | None:
     if len(users) == 1:
         (cut,) = users
         args = list(cut.args) + [None] * 3
+        if not dim_ok(args[2] if args[2] is not None else 0):  # chunk's and split's dim
+            return None
         if cut.target is aten.chunk.default:
-            ok = args[1] == 2 and dim_ok(args[2] if args[2] is not None else 0)
+            ok = args[1] == 2
         elif cut.target is aten.split.Tensor:
-            ok = args[1] == half and dim_ok(args[2] if args[2] is not None else 0)
+            ok = args[1] == half
         elif cut.target is aten.split_with_sizes.default:
-            ok = list(args[1]) == [half, half] and dim_ok(args[2] if args[2] is not None else 0)
+            ok = list(args[1]) == [half, half]
         else:
             return None
         items = {u.args[1]: u for u in cut.users if u.target is operator.getitem}
