@@ -201,6 +201,17 @@ int only_user(const Graph& g, int id) {
   return g.node(id).users.size() == 1 && !g.is_graph_output(id) ? g.node(id).users[0] : -1;
 }
 
+// A cast after the weight (and bias), where none came before it (Gemma's
+// (x * rsqrt(..) * (1 + w.float())).type_as(x)): the kernel computes in f32 and writes the
+// cast's dtype, so the cast joins the norm and `out` moves to it.
+void absorb_trailing_cast(const Graph& g, int& out, std::vector<int>& nodes) {
+  const int next = only_user(g, out);
+  if (next >= 0 && ir::op_class(g.node(next).op) == OpClass::cast && !is_identity(g, g.node(next))) {
+    nodes.push_back(next);
+    out = next;
+  }
+}
+
 }  // namespace
 
 Attempt match_rms_norm_handwritten(const Graph& g, int root) {
@@ -271,6 +282,7 @@ Attempt match_rms_norm_handwritten(const Graph& g, int root) {
     nodes.push_back(next);
     out = next;
   }
+  if (cast_to.empty() && weight >= 0) absorb_trailing_cast(g, out, nodes);
   Attempt a;
   // The cast rounds before the weight only when a weight multiply follows it.
   const std::string round_to = weight >= 0 ? cast_to : "";
@@ -402,6 +414,7 @@ Attempt match_layer_norm_handwritten(const Graph& g, int root) {
     nodes.push_back(next);
     out = next;
   }
+  if (cast_to.empty() && (weight >= 0 || bias >= 0)) absorb_trailing_cast(g, out, nodes);
   const int input = norm_input(g, x, nodes);
   Attempt a;
   a.matches.push_back(norm_match(g, rule, root, "layer_norm", input, out, nodes, weight, bias, eps,

@@ -783,12 +783,26 @@ TEST(RuleNorm, LayerNormOverTwoDimsIsAMiss) {
 
 // Llama's RMSNorm: weight * (x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim) + eps)).type_as(x);
 // `form` "t5" is T5's, which squares x.float() but multiplies x itself (promoted to f32, the same
-// values), then casts with .to(): the same norm.
+// values), then casts with .to(): the same norm. "gemma" is Gemma's, which multiplies by an f32
+// weight (1 + w.float(), made from the parameter) first and casts last:
+// (xf * rsqrt(...) * wf).type_as(x).
 GraphBuilder rms_norm_graph(const std::string& form = "llama") {
   const bool t5 = form == "t5";
   GraphBuilder b("bf16");
   const json f = T("f32", {4, 8, 64});
   b.input("x", T("bf16", {4, 8, 64}));
+  if (form == "gemma") {
+    b.param("w", T("f32", {64}));
+    b.call("xf", "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
+    b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
+    b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
+    b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
+    b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
+    b.call("y", "aten.mul.Tensor", {N("xf"), N("r")}, f);
+    b.call("yw", "aten.mul.Tensor", {N("y"), N("w")}, f);
+    b.call("out", "aten.type_as.default", {N("yw"), N("x")}, T("bf16", {4, 8, 64}));
+    return b;
+  }
   b.param("w", T("bf16", {64}));
   b.call("xf", t5 ? "aten.to.dtype" : "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
   b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
@@ -825,6 +839,35 @@ TEST(RuleNorm, HandWrittenRmsNorm) {
   EXPECT_EQ(p.d.chosen.size(), 1u);
   EXPECT_TRUE(p.d.uncovered.empty());
   expect_nothing_dropped(p);
+}
+
+// The cast after the weight joins the norm: it computes in f32 and writes bf16, without rounding
+// before the weight (no round_to), and nothing is left to PyTorch.
+TEST(RuleNorm, HandWrittenRmsNormCastAfterItsWeight) {
+  const auto p = plan(rms_norm_graph("gemma"));
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "rms_norm_handwritten");
+  EXPECT_EQ(m->epilogue, Names({"weight"}));
+  EXPECT_EQ(names(p.g, m->nodes), Names({"xf", "p", "m", "a", "r", "y", "yw", "out"}));
+  EXPECT_EQ(p.g.node(m->output).name, "out");
+  EXPECT_EQ(m->attrs.at("dtype_in"), "bf16");
+  EXPECT_EQ(m->attrs.at("dtype_out"), "bf16");
+  EXPECT_FALSE(m->attrs.contains("round_to"));
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
+}
+
+// A cast after a weighted value that is also returned stays out: the norm ends at the weight
+// and writes f32.
+TEST(RuleNorm, ACastAfterTheWeightOfANormWhoseWeightedValueIsReturnedStaysOut) {
+  GraphBuilder b = rms_norm_graph("gemma");
+  b.outputs({"out", "yw"});
+  const auto p = plan(b);
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(p.g.node(m->output).name, "yw");
+  EXPECT_EQ(m->attrs.at("dtype_out"), "f32");
 }
 
 // A narrowing cast is not the same values: see HandWrittenRmsNormOfANarrowedInputIsAMiss.
@@ -912,6 +955,21 @@ TEST(RuleNorm, HandWrittenLayerNorm) {
   EXPECT_DOUBLE_EQ(by_var->attrs.at("eps").get<double>(), 1e-5);
   EXPECT_EQ(names(v.g, by_var->nodes), Names({"u", "s", "d", "wd", "a", "r", "y", "out"}));
   EXPECT_TRUE(v.d.uncovered.empty());
+}
+
+// LayerNorm in f32 on a bf16 model, cast back after its bias: one norm writing bf16.
+TEST(RuleNorm, HandWrittenLayerNormCastAfterItsBias) {
+  GraphBuilder b = layer_norm_graph("bert");
+  b.call("outh", "aten._to_copy.default", {N("out")}, T("bf16", {4, 8, 64}), {{"dtype", DTypeArg("bf16")}});
+  const auto p = plan(b);
+  const auto* m = only(p, Family::norm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->rule, "layer_norm_handwritten");
+  EXPECT_EQ(p.g.node(m->output).name, "outh");
+  EXPECT_EQ(m->attrs.at("dtype_out"), "bf16");
+  EXPECT_FALSE(m->attrs.contains("round_to"));
+  EXPECT_TRUE(p.d.uncovered.empty());
+  expect_nothing_dropped(p);
 }
 
 TEST(RuleNorm, HandWrittenNormWithTheSampleVarianceIsNoLayerNorm) {

@@ -168,6 +168,22 @@ ZOO = {
         ("gemm", ()): 1,
         ("attention", ("scale", "causal_mask", "softmax")): 1,
     },
+    "gemma": {  # MQA widened by repeat_kv, head dim 256; GeGLU; norms cast after (1 + w)
+        ("norm", ("weight",)): 2,
+        ("gated_mlp", ("gelu_tanh", "mul")): 1,
+        ("pointwise", ("mul", "slice", "slice", "neg", "cat", "mul", "add")): 2,  # RoPE
+        ("gemm", ("residual",)): 2,
+        ("horizontal_gemm", ()): 1,
+        ("attention", ("scale", "causal_mask", "softmax")): 1,
+    },
+    "qwen2": {  # q/k/v projections with biases, GQA widened by repeat_kv
+        ("norm", ("weight",)): 2,
+        ("gated_mlp", ("silu", "mul")): 1,
+        ("pointwise", ("mul", "slice", "slice", "neg", "cat", "mul", "add")): 2,  # RoPE
+        ("gemm", ("residual",)): 2,
+        ("horizontal_gemm", ("bias",)): 1,
+        ("attention", ("scale", "causal_mask", "softmax")): 1,
+    },
     "vit": {  # nn.MultiheadAttention's export: in_proj, SDPA, out_proj on (seq, batch) rows
         ("gemm", ("bias",)): 2,
         ("gemm", ("bias", "gelu_erf")): 1,
@@ -186,7 +202,11 @@ def test_zoo_block(engine_available, tmp_path, name):
     plan, graph = plan_for(module.Model(), module.get_inputs(), "bf16", tmp_path)
     assert found(plan) == Counter(ZOO[name])
     assert_nothing_dropped(plan, graph)
-    left = [n["name"] for n in plan["pytorch_nodes"]]
+    left = [n["name"] for n in plan["pytorch_nodes"] if not n.get("once")]
+    # Gemma's norm weights, 1 + w.float(), are made from the parameters alone: once, and again
+    # when they change
+    once = [n["name"] for n in plan["pytorch_nodes"] if n.get("once")]
+    assert once == (["to_1", "add_1", "to_5", "add_6"] if name == "gemma" else [])
     # ViT: the packed in-projection's contiguous() copy, which the attention reads, and the
     # first residual add, which reads the out-projection through a (seq, batch) transpose
     assert left == (["contiguous", "add"] if name == "vit" else [])
@@ -195,6 +215,11 @@ def test_zoo_block(engine_available, tmp_path, name):
         assert {attn["attrs"][f"{t}_source"] for t in "qkv"} == {"contiguous"}
     if "bias" in attn["epilogue"]:
         assert attn["operands"][-1]["role"] == "bias"
+    if name == "gemma":  # one KV head read by all eight query heads, in place
+        assert (attn["problem"]["heads"], attn["problem"]["kv_heads"]) == (8, 1)
+        assert attn["problem"]["head_dim"] == 256
+        for norm in (p for p in plan["patterns"] if p["family"] == "norm"):
+            assert norm["attrs"]["dtype_out"] == "bf16" and "round_to" not in norm["attrs"]
 
 
 LLAMA_SMALL = dict(dim=256, n_heads=8, n_kv_heads=2, ffn=512, max_seq=64)
