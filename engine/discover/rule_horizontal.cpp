@@ -8,6 +8,42 @@
 
 namespace fact::discover {
 
+namespace {
+
+// One horizontal pattern: the GEMMs `ids` (first: `root`, whose shape is `s`) over one A.
+Match horizontal_match(const ir::Graph& g, const std::string& rule, int root, const GemmShape& s,
+                       const std::vector<int>& ids, const std::vector<GemmShape>& shapes) {
+  Match m;
+  m.rule = rule;
+  m.family = Family::horizontal_gemm;
+  m.root = root;
+  m.nodes = ids;
+  m.anchors = ids;
+  normalize(m.nodes);
+  m.output = root;
+  m.operands.push_back(Operand{"a", s.a, ""});
+  int64_t n_total = 0;
+  bool bias = false;
+  auto parts = nlohmann::json::array();
+  for (const auto& t : shapes) {
+    m.operands.push_back(Operand{"b", t.b, ""});
+    for (const auto& o : t.seed_operands) {
+      m.operands.push_back(Operand{"bias", o.node, o.broadcast});
+      bias = true;
+    }
+    n_total += t.n;
+    parts.push_back(t.n);
+  }
+  if (bias) m.epilogue.push_back("bias");
+  m.problem = {{"batch", 1}, {"m", s.m}, {"n", n_total}, {"k", s.k}, {"n_parts", parts}};
+  m.attrs = gemm_attrs(g, s, root);
+  m.attrs["parts"] = nlohmann::json::array();
+  for (int id : ids) m.attrs["parts"].push_back(g.node(id).name);
+  return m;
+}
+
+}  // namespace
+
 Attempt match_horizontal_gemm(const ir::Graph& g, int root) {
   const std::string rule = "horizontal_gemm";
   GemmShape s;
@@ -44,37 +80,30 @@ Attempt match_horizontal_gemm(const ir::Graph& g, int root) {
   if (std::find(group.begin(), group.end(), root) == group.end()) {
     return miss(rule, root, root, 2, "its own alpha/beta or a non-row bias does not fuse horizontally");
   }
-  if (*std::min_element(group.begin(), group.end()) != root) {
+  // A part whose output goes straight into pointwise math (GPT-J's fc_in into GELU beside q, k
+  // and v) would leave that math to PyTorch in the group, where alone it is a GEMM epilogue: the
+  // group without such parts is a second candidate, and the planner keeps what saves more.
+  std::vector<int> plain_parts;
+  std::vector<GemmShape> plain_shapes;
+  for (size_t i = 0; i < group.size(); ++i) {
+    const auto& users = g.node(group[i]).users;
+    const bool tail = users.size() == 1 && !g.is_graph_output(group[i]) &&
+                      (ir::op_class(g.node(users[0]).op) == ir::OpClass::pointwise ||
+                       ir::op_class(g.node(users[0]).op) == ir::OpClass::cast);
+    if (!tail) {
+      plain_parts.push_back(group[i]);
+      plain_shapes.push_back(shapes[i]);
+    }
+  }
+  const bool subset = plain_parts.size() >= 2 && plain_parts.size() < group.size();
+  const bool anchors_group = *std::min_element(group.begin(), group.end()) == root;
+  const bool anchors_subset = subset && *std::min_element(plain_parts.begin(), plain_parts.end()) == root;
+  if (!anchors_group && !anchors_subset) {
     return miss(rule, root, root, 2, "anchored at the group's first GEMM instead");
   }
-  Match m;
-  m.rule = rule;
-  m.family = Family::horizontal_gemm;
-  m.root = root;
-  m.nodes = group;
-  m.anchors = group;
-  normalize(m.nodes);
-  m.output = root;
-  m.operands.push_back(Operand{"a", s.a, ""});
-  int64_t n_total = 0;
-  bool bias = false;
-  auto parts = nlohmann::json::array();
-  for (const auto& t : shapes) {
-    m.operands.push_back(Operand{"b", t.b, ""});
-    for (const auto& o : t.seed_operands) {
-      m.operands.push_back(Operand{"bias", o.node, o.broadcast});
-      bias = true;
-    }
-    n_total += t.n;
-    parts.push_back(t.n);
-  }
-  if (bias) m.epilogue.push_back("bias");
-  m.problem = {{"batch", 1}, {"m", s.m}, {"n", n_total}, {"k", s.k}, {"n_parts", parts}};
-  m.attrs = gemm_attrs(g, s, root);
-  m.attrs["parts"] = nlohmann::json::array();
-  for (int id : group) m.attrs["parts"].push_back(g.node(id).name);
   Attempt a;
-  a.matches.push_back(m);
+  if (anchors_group) a.matches.push_back(horizontal_match(g, rule, root, s, group, shapes));
+  if (anchors_subset) a.matches.push_back(horizontal_match(g, rule, root, s, plain_parts, plain_shapes));
   return a;
 }
 

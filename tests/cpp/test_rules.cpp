@@ -243,6 +243,31 @@ TEST(RuleHorizontal, ThreeLinearsSharingXBecomeOneGemm) {
   }
 }
 
+// GPT-J's block: q, k, v and the MLP's fc_in all read x, and fc_in goes into a GELU. The group
+// of all four would leave the GELU to PyTorch; the group of q, k and v is a second candidate, and
+// fc_in a GEMM with the GELU in its epilogue.
+TEST(RuleHorizontal, APartWithAPointwiseTailIsAlsoLeftOutOfTheGroup) {
+  GraphBuilder b = qkv_graph("bf16");
+  b.param("wf", T("bf16", {256, 64}));
+  b.param("bf", T("bf16", {256}));
+  b.call("f", "aten.linear.default", {N("x"), N("wf"), N("bf")}, T("bf16", {16, 256}));
+  b.call("g", "aten.gelu.default", {N("f")}, T("bf16", {16, 256}), {{"approximate", "tanh"}});
+  b.outputs({"q", "k", "v", "g"});
+  const auto p = plan(b);
+  const auto* m = only(p, Family::horizontal_gemm);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(names(p.g, m->nodes), Names({"q", "k", "v"}));
+  EXPECT_EQ(m->problem.at("n"), 128);
+  const auto* f = only(p, Family::gemm);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(names(p.g, f->nodes), Names({"f", "g"}));
+  EXPECT_EQ(f->epilogue, Names({"bias", "gelu_tanh"}));
+  EXPECT_TRUE(p.d.uncovered.empty());
+  // Both groups were candidates.
+  EXPECT_EQ(p.d.rule_hits.at("horizontal_gemm"), 2);
+  expect_nothing_dropped(p);
+}
+
 TEST(RuleHorizontal, GemmsReadingDifferentInputsDoNotGroup) {
   GraphBuilder b;
   b.input("x", T("f32", {16, 64}));
