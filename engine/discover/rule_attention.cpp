@@ -156,17 +156,45 @@ struct Side {
   std::vector<int> chain;
   int repeat = 1;        // GQA: how many query heads share one KV head
   bool transposed = false;  // K^T: last two dims swapped on the way
+  double factor = 1.0;      // constants Q or K was multiplied by on the way (scales_too)
 };
 
-// Walk a Q/K/V operand back to the tensor it reads, noting GQA expansion and transposes.
-Side trace_operand(const Graph& g, int id) {
+// A multiply or divide of `n`'s one tensor operand by a constant that keeps its shape, strides
+// and dtype (q_proj(x) * scaling, as CLIP's and BART's attention scale Q before the heads are
+// split; a pointwise op keeps a dense input's strides): fills `c` with the factor.
+bool layout_keeping_scale(const Graph& g, const Node& n, double& c) {
+  if ((n.op != Op::mul && n.op != Op::div) || g.operands(n).size() != 1 || n.outputs.size() != 1) return false;
+  const Arg* by = n.arg(1, "other");
+  double v = 0;
+  if (!by || !scalar_value(g, *by, v)) {
+    by = n.arg(0, "self");  // c * x
+    if (n.op != Op::mul || !by || !scalar_value(g, *by, v)) return false;
+  }
+  const int src = first_operand(n);
+  if (src < 0 || g.node(src).outputs.size() != 1) return false;
+  const auto &in = g.node(src).type(), &out = n.type();
+  if (in.shape != out.shape || in.strides != out.strides || in.dtype != out.dtype) return false;
+  if (n.op == Op::div && v == 0) return false;
+  c = n.op == Op::mul ? v : 1.0 / v;
+  return true;
+}
+
+// Walk a Q/K/V operand back to the tensor it reads, noting GQA expansion and transposes, and
+// (`scales_too`, for Q and K: softmax(c q k^T) is the attention of q and k with its scale times
+// c; not for V) constant scales read only on the way.
+Side trace_operand(const Graph& g, int id, bool scales_too = false) {
   Side s;
   s.source = id;
+  bool sole = true;  // every node so far has one reader: a scale on the way joins the pattern
   while (true) {
     const auto& n = g.node(s.source);
     const int src = first_operand(n);
     if (src < 0) break;
-    if (n.op == Op::repeat_interleave) {
+    sole = sole && n.users.size() == 1 && !g.is_graph_output(s.source);
+    double c = 0;
+    if (scales_too && sole && layout_keeping_scale(g, n, c)) {
+      s.factor *= c;
+    } else if (n.op == Op::repeat_interleave) {
       const Arg* r = n.arg(1, "repeats");
       if (!r || r->kind != Arg::Kind::integer) break;
       s.repeat *= static_cast<int>(r->i);
@@ -192,11 +220,11 @@ Side trace_operand(const Graph& g, int id) {
       s.transposed = !s.transposed;
     } else if (n.op == Op::permute) {
       std::vector<int64_t> perm;
+      // The last two dims come out in the order opposite to the one they had: (0, 1, 3, 2),
+      // and Whisper's K^T straight from (b, s, h, d), (0, 2, 3, 1).
       if (int_list(n.arg(1, "dims"), perm) && perm.size() >= 2) {
         const auto r = static_cast<int>(perm.size());
-        if (norm_dim(perm[perm.size() - 1], r) == r - 2 && norm_dim(perm[perm.size() - 2], r) == r - 1) {
-          s.transposed = !s.transposed;
-        }
+        if (norm_dim(perm[perm.size() - 2], r) > norm_dim(perm[perm.size() - 1], r)) s.transposed = !s.transposed;
       }
     } else if (!(is_view(n) || is_identity(g, n))) {
       break;  // a contiguous() that copies ends the walk: the kernel reads the copy
@@ -216,7 +244,11 @@ Match attention_match(const Graph& g, const std::string& rule, int root, int q, 
                       bool causal, double scale, const std::string& softmax_dtype,
                       std::vector<int> nodes, std::vector<std::string> steps,
                       std::vector<std::vector<int>> chains) {
-  const Side qs = trace_operand(g, q), ks = trace_operand(g, k), vs = trace_operand(g, v);
+  const Side qs = trace_operand(g, q, true), ks = trace_operand(g, k, true), vs = trace_operand(g, v);
+  if (qs.factor != 1.0 || ks.factor != 1.0) {
+    scale *= qs.factor * ks.factor;
+    if (std::find(steps.begin(), steps.end(), "scale") == steps.end()) steps.insert(steps.begin(), "scale");
+  }
   const auto& qt = g.node(q).type();
   const auto& vt = g.node(v).type();
   const auto& ot = g.node(out).type();
@@ -460,7 +492,7 @@ Attempt match_attention_handwritten(const Graph& g, int root) {
     }
   }
   const int kt = qk_ops[1];
-  if (!trace_operand(g, kt).transposed) {
+  if (!trace_operand(g, kt, true).transposed) {
     return miss(rule, root, kt, progress, "the right operand of Q @ K^T is not a transposed K");
   }
   ++progress;

@@ -111,3 +111,34 @@ class BiasedAttention(nn.Module):
             probs = torch.softmax(scores + additive, dim=-1)
         y = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, c)
         return self.out(y)
+
+
+class ScaledProjectionAttention(nn.Module):
+    """Non-causal attention that scales Q or K before the product, as encoders write it.
+
+    form "projection": CLIP's and BART's, q_proj(x) * scaling before the heads are split, and
+    no scale on the scores. form "heads": OpenAI Whisper's, q and k each multiplied by
+    head_dim ** -0.25 after they are viewed into heads (k already transposed)."""
+
+    def __init__(self, form: str, width: int = 64, heads: int = 4):
+        super().__init__()
+        self.form, self.heads, self.hd = form, heads, width // heads
+        self.q_proj = nn.Linear(width, width)
+        self.k_proj = nn.Linear(width, width, bias=False)
+        self.v_proj = nn.Linear(width, width)
+        self.out_proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        b, s, c = x.shape
+        if self.form == "projection":
+            q = (self.q_proj(x) * self.hd**-0.5).view(b, s, self.heads, -1).transpose(1, 2)
+            k = self.k_proj(x).view(b, s, self.heads, -1).transpose(1, 2)
+            scores = q @ k.transpose(-1, -2)
+        else:
+            scale = self.hd**-0.25
+            q = self.q_proj(x).view(b, s, self.heads, -1).permute(0, 2, 1, 3) * scale
+            k = self.k_proj(x).view(b, s, self.heads, -1).permute(0, 2, 3, 1) * scale
+            scores = q @ k
+        v = self.v_proj(x).view(b, s, self.heads, -1).transpose(1, 2)
+        y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, c)
+        return self.out_proj(y)

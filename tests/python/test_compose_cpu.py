@@ -31,7 +31,12 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fact
-from attention_modules import BiasedAttention, GqaAttention, HandWrittenAttention
+from attention_modules import (
+    BiasedAttention,
+    GqaAttention,
+    HandWrittenAttention,
+    ScaledProjectionAttention,
+)
 from fact.compose import report as report_mod
 from fact.compose.impls import (
     AttentionImpl,
@@ -2492,6 +2497,35 @@ def test_fact_attention_cutlass_entry_checks_and_refusals(monkeypatch):
     assert (args.o_stride_b, args.o_stride_h, args.o_stride_s) == (8 * 4 * 16, 16, 4 * 16)
     assert (args.k_stride_h, args.sm_count) == (8 * 16, 132)
     assert args.scale == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("form", ["projection", "heads"])
+def test_attention_scaled_before_the_product_reads_the_projections(
+    engine_available, tmp_path, monkeypatch, form
+):
+    """Q (CLIP, BART) or Q and K (Whisper) multiplied by a constant before Q @ K^T: the factors
+    join the kernel's softmax scale, and the kernel reads the unscaled projections in place, so
+    no multiply is left in the graph."""
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(32)
+    model, x = ScaledProjectionAttention(form).eval(), torch.randn(2, 32, 64)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    assert (att["chosen"], att["kind"]) == ("reference:ref", "generated"), att
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    pattern = plan["patterns"][att["index"]]
+    assert pattern["attrs"]["scale"] == pytest.approx(16**-0.5)
+    assert pattern["epilogue"] == ["scale", "softmax"]
+    assert pattern["attrs"]["causal"] is False
+    gm = opt.graph_module
+    assert len(calls(gm, ATTENTION_OP)) == 1
+    assert not (targets(gm) & {aten.mul.Tensor, aten.mul.Scalar})
+    assert rel_err(opt(x), eager(model, x)) < 1e-5
+    y = torch.randn(2, 32, 64)  # fresh inputs
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
 @pytest.mark.parametrize("form", list(ATTENTION_MODULES))

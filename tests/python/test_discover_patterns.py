@@ -549,6 +549,49 @@ def test_attention(engine_available, tmp_path, dtype, style):
     assert_nothing_dropped(plan, graph)
 
 
+class ScaledBeforeProduct(nn.Module):
+    """Projections scaled by a constant before Q @ K^T: "projection" (CLIP, BART) scales
+    q_proj(x) before the heads are split; "heads" (Whisper) scales q and k per head, k viewed
+    straight into K^T by permute(0, 2, 3, 1); "shared" reads the scaled projection outside the
+    attention too, so the scale stays and the attention reads its result."""
+
+    def __init__(self, form, width=64, heads=4):
+        super().__init__()
+        self.form, self.heads = form, heads
+        self.q, self.k, self.v = (nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x):
+        b, s, c = x.shape
+        d = c // self.heads
+        if self.form == "heads":
+            q = self.q(x).view(b, s, self.heads, d).permute(0, 2, 1, 3) * d**-0.25
+            k_t = self.k(x).view(b, s, self.heads, d).permute(0, 2, 3, 1) * d**-0.25
+        else:
+            scaled = self.q(x) * d**-0.5
+            q = scaled.view(b, s, self.heads, d).transpose(1, 2)
+            k_t = self.k(x).view(b, s, self.heads, d).transpose(1, 2).transpose(-1, -2)
+        v = self.v(x).view(b, s, self.heads, d).transpose(1, 2)
+        y = (torch.softmax(q @ k_t, dim=-1) @ v).transpose(1, 2).reshape(b, s, c)
+        return (y, scaled) if self.form == "shared" else y
+
+
+@pytest.mark.parametrize("form", ["projection", "heads", "shared"])
+def test_attention_scaled_before_the_product(engine_available, tmp_path, form):
+    plan, graph = plan_for(ScaledBeforeProduct(form), (torch.randn(2, 32, 64),), "bf16", tmp_path)
+    attn = only(plan, "attention")
+    assert attn["epilogue"] == (["softmax"] if form == "shared" else ["scale", "softmax"])
+    assert attn["attrs"]["k_source"] == "linear_1"
+    if form == "shared":  # the scaled projection is read as it is: its scale is not the kernel's
+        assert attn["attrs"]["scale"] == pytest.approx(1.0)
+        assert attn["attrs"]["q_source"] == "mul" and "mul" not in attn["nodes"]
+    else:
+        assert attn["attrs"]["scale"] == pytest.approx(16**-0.5)
+        assert attn["attrs"]["q_source"] == "linear"
+        assert {"mul"} | ({"mul_1"} if form == "heads" else set()) <= set(attn["nodes"])
+    assert attn["attrs"]["k_strides"] == [2048, 16, 64, 1]  # K, (b, h, s, d), read in place
+    assert_nothing_dropped(plan, graph)
+
+
 class HandRMSNorm(nn.Module):
     def __init__(self):
         super().__init__()

@@ -477,6 +477,43 @@ def _unrepeated_pair(reg: Region, k: fx.Node, v: fx.Node) -> tuple[fx.Node, fx.N
     return k, v
 
 
+def _constant_scale_base(n: fx.Node) -> fx.Node | None:
+    """The tensor `n` multiplies or divides by a Python number, or None."""
+    if n.target not in _SCALES or len(n.args) != 2:
+        return None
+    a, b = n.args
+    if isinstance(a, fx.Node) and isinstance(b, (int, float)):
+        return a
+    if n.target in (aten.mul.Tensor, aten.mul.Scalar) and isinstance(b, fx.Node):
+        return b if isinstance(a, (int, float)) else None
+    return None
+
+
+def _unscaled(graph: fx.Graph, reg: Region, node: fx.Node) -> fx.Node:
+    """`node` (Q, or K^T) without the constant scales on its way that the plan folded into the
+    softmax scale (CLIP's q_proj(x) * scaling before the heads are split, Whisper's q and k
+    each scaled; engine: rule_attention's trace_operand): the region's views after the
+    outermost such scale are emitted again on the tensor it scales. `node` where there is none."""
+    chain, cur, found = [], node, None
+    while cur in reg.nodes:
+        if _constant_scale_base(cur) is not None:
+            found = cur
+        if len(cur.all_input_nodes) != 1:
+            break
+        chain.append(cur)
+        cur = cur.all_input_nodes[0]
+    if found is None:
+        return node
+    env: dict[fx.Node, fx.Node] = {}
+    for n in reversed(chain):
+        base = _constant_scale_base(n)
+        if base is not None:
+            env[n] = env.get(base, base)
+        else:
+            env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+    return env[node]
+
+
 def _untransposed(graph: fx.Graph, reg: Region, k_t: fx.Node) -> fx.Node:
     """K from the K^T the scores read: the transpose's input where the region transposes the
     last two dims, a new transpose view otherwise."""
@@ -537,15 +574,9 @@ def attention_io(
     if len(mms) != 2:
         raise NotSupportedError(f"attention with {len(mms)} matmuls")
     scores, out = mms
-    q, k_t, v = scores.args[0], scores.args[1], out.args[1]
-    # a scale applied to Q before the product is part of the plan's scale
-    if (
-        q in reg.nodes
-        and q.target in _SCALES
-        and len(q.args) == 2
-        and isinstance(q.args[1], (int, float))
-    ):
-        q = q.args[0]
+    # constant scales of Q and K before the product are part of the plan's scale
+    q, k_t = _unscaled(graph, reg, scores.args[0]), _unscaled(graph, reg, scores.args[1])
+    v = out.args[1]
     k = _untransposed(graph, reg, k_t)
     if unrepeat:
         k, v = _unrepeated_pair(reg, k, v)
