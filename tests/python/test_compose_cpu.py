@@ -1553,17 +1553,27 @@ def test_sm_clock_samples_while_the_block_runs_and_the_report_shows_them(ref_opt
     with SmClock(torch.device("cpu"), read=None) as none:  # no NVML on this machine
         pass
     assert none.samples == [] and none.summary() is None
+    # NVML's clock event reasons with each sample: power cap (0x4) in 3 of 4, idle (0x1) left out
+    clocks, masks = iter([1500] * 4 + [0] * 10_000), iter([0x4, 0x4 | 0x1, 0x1, 0x4 | 0x20])
+    with SmClock(
+        torch.device("cpu"), period_s=0.001, read=lambda: next(clocks), reasons=lambda: next(masks)
+    ) as limited:
+        time.sleep(0.05)
+    assert limited.summary()["limits"] == {"power cap": 0.75, "thermal": 0.25}
     _, _, opt, _ = ref_opt
     report = json.loads(json.dumps(opt.report, default=str))
     rows = [
         {"name": "eager", "time_us": 10.0, "rounds_sm_clock_mhz": [summary, None, summary]},
         {"name": "fact", "time_us": 5.0, "rounds_sm_clock_mhz": [None, None, None]},
+        {"name": "capped", "time_us": 5.0, "rounds_sm_clock_mhz": [limited.summary()]},
     ]
     md = report_mod.markdown({"problem": "p", "results": rows, "optimize": report})
     (eager_row,) = [ln for ln in md.splitlines() if ln.startswith("| eager |")]
     assert eager_row.endswith("| 1700 (1545), ?, 1700 (1545) |")
     (fact_row,) = [ln for ln in md.splitlines() if ln.startswith("| fact |")]
     assert fact_row.endswith("| - |")
+    (capped_row,) = [ln for ln in md.splitlines() if ln.startswith("| capped |")]
+    assert capped_row.endswith("| 1500 power cap thermal |")
 
 
 def test_report_skips_a_timeline_without_kernels(ref_opt):

@@ -205,13 +205,16 @@ class SmClock:
         self,
         device: torch.device,
         period_s: float = 0.01,
-        read: Callable[[], int] | None = None,  # tests pass their own reader
+        read: Callable[[], int] | None = None,  # tests pass their own readers
+        reasons: Callable[[], int | None] | None = None,
     ):
         self.samples: list[int] = []
+        self.limits: list[int] = []  # NVML's clock event reasons with each sample, where known
         self._period = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._read = read or _nvml_sm_clock(device)
+        self._reasons = reasons if read is not None else _nvml_clock_reasons(device)
 
     def __enter__(self) -> SmClock:
         if self._read is not None:
@@ -229,17 +232,44 @@ class SmClock:
             mhz = self._read()
             if mhz:
                 self.samples.append(mhz)
+                mask = self._reasons() if self._reasons is not None else None
+                if mask is not None:
+                    self.limits.append(mask)
             self._stop.wait(self._period)
 
-    def summary(self) -> dict[str, int] | None:
-        """min, median and max of the samples; None without any."""
+    def summary(self) -> dict[str, Any] | None:
+        """min, median and max of the samples; None without any. With NVML's reasons,
+        `limits`: what held the clock back (power cap, thermal, ...; idle left out) and in what
+        share of the samples."""
         if not self.samples:
             return None
-        return {
+        out: dict[str, Any] = {
             "min": min(self.samples),
             "median": int(statistics.median(self.samples)),
             "max": max(self.samples),
         }
+        if self.limits:
+            shares = {}
+            for bit, name in CLOCK_LIMITS.items():
+                n = sum(1 for m in self.limits if m & bit)
+                if n and name != "idle":
+                    shares[name] = round(n / len(self.limits), 2)
+            out["limits"] = shares
+        return out
+
+
+# NVML's clock event reasons (nvmlClocksEventReasons; "throttle reasons" in older drivers)
+CLOCK_LIMITS = {
+    0x1: "idle",
+    0x2: "application clocks",
+    0x4: "power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "thermal",
+    0x40: "hardware thermal",
+    0x80: "power brake",
+    0x100: "display clocks",
+}
 
 
 def _nvml_sm_clock(device: torch.device) -> Callable[[], int] | None:
@@ -249,6 +279,37 @@ def _nvml_sm_clock(device: torch.device) -> Callable[[], int] | None:
     except Exception:  # noqa: BLE001 - no CUDA here: no clock to read
         return None
     return nvml_sm_clock_reader(index)
+
+
+def _nvml_clock_reasons(device: torch.device) -> Callable[[], int | None] | None:
+    """A reader of the device's current clock event reasons (a CLOCK_LIMITS bit mask) through
+    NVML, or None."""
+    import ctypes
+
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    except Exception:  # noqa: BLE001 - no CUDA here
+        return None
+    opened = nvml_device(index)
+    if opened is None:
+        return None
+    nvml, handle = opened
+    fn = None
+    for name in (
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+    ):
+        fn = getattr(nvml, name, None)
+        if fn is not None:
+            break
+    if fn is None:
+        return None
+    mask = ctypes.c_ulonglong()
+
+    def read() -> int | None:
+        return int(mask.value) if fn(handle, ctypes.byref(mask)) == 0 else None
+
+    return read
 
 
 @functools.cache

@@ -164,18 +164,19 @@ def markdown(bench: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _clocks(rounds: Sequence[Mapping[str, int] | None] | None) -> str:
-    """Each round's median SM clock, with the lowest sample where it dipped: "1980, 1650 (1545)"."""
+def _clocks(rounds: Sequence[Mapping[str, Any] | None] | None) -> str:
+    """Each round's median SM clock, with the lowest sample where it dipped, and what NVML said
+    held the clock back in at least a quarter of the samples: "1980, 1650 (1545) power cap"."""
     if not rounds or not any(rounds):
         return "-"
     cells = []
     for c in rounds:
         if not c:
             cells.append("?")
-        elif c["min"] < c["median"] - 50:
-            cells.append(f"{c['median']} ({c['min']})")
-        else:
-            cells.append(str(c["median"]))
+            continue
+        cell = f"{c['median']} ({c['min']})" if c["min"] < c["median"] - 50 else str(c["median"])
+        limits = [name for name, share in (c.get("limits") or {}).items() if share >= 0.25]
+        cells.append(" ".join([cell, *limits]))
     return ", ".join(cells)
 
 
