@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import fact
-from attention_modules import GqaAttention, HandWrittenAttention
+from attention_modules import GqaAttention, HandWrittenAttention, ScaledProjectionAttention
 from fact.compose.impls import run_cublaslt_pattern, run_gemm_parts_pattern, run_gemm_pattern
 from fact.compose.ops import dense_strides
 from fact.compose.optimize import rel_err
@@ -423,6 +423,14 @@ ATTENTION_BLOCKS = {
         (8, 256, 768),
         torch.float32,
         "high",
+    ),  # fmt: skip
+    # Whisper's encoder attention: not causal, q and k each scaled by head_dim ** -0.25 per
+    # head, k viewed into K^T by permute(0, 2, 3, 1): the kernel reads the unscaled projections
+    "whisper_scaled_qk": (
+        lambda: ScaledProjectionAttention("heads", 512, 8),
+        (8, 256, 512),
+        torch.bfloat16,
+        "highest",
     ),  # fmt: skip
 }
 

@@ -168,6 +168,14 @@ ZOO = {
         ("gemm", ()): 1,
         ("attention", ("scale", "causal_mask", "softmax")): 1,
     },
+    "clip": {  # q_proj(x) * scale stays in the q GEMM; heads folded into the batch for bmm
+        ("attention", ("softmax",)): 1,
+        ("gemm", ("bias", "scale", "sigmoid", "mul")): 1,  # quick_gelu
+        ("gemm", ("bias", "scale")): 1,
+        ("gemm", ("bias", "residual")): 2,
+        ("horizontal_gemm", ("bias",)): 1,
+        ("norm", ("weight", "bias")): 2,
+    },
     "gemma": {  # MQA widened by repeat_kv, head dim 256; GeGLU; norms cast after (1 + w)
         ("norm", ("weight",)): 2,
         ("gated_mlp", ("gelu_tanh", "mul")): 1,
@@ -209,7 +217,13 @@ def test_zoo_block(engine_available, tmp_path, name):
     assert once == (["to_1", "add_1", "to_5", "add_6"] if name == "gemma" else [])
     # ViT: the packed in-projection's contiguous() copy, which the attention reads, and the
     # first residual add, which reads the out-projection through a (seq, batch) transpose
-    assert left == (["contiguous", "add"] if name == "vit" else [])
+    # CLIP: the copies that fold the heads into bmm's batch, (b, h, s, d).contiguous(), which
+    # the attention reads
+    expected_left = {
+        "vit": ["contiguous", "add"],
+        "clip": ["contiguous", "contiguous_1", "contiguous_2"],
+    }
+    assert left == expected_left.get(name, [])
     attn = only(plan, "attention")
     if name == "vit":  # Q, K, V read from the copy MHA's packed in-projection makes
         assert {attn["attrs"][f"{t}_source"] for t in "qkv"} == {"contiguous"}
