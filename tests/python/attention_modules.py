@@ -142,3 +142,28 @@ class ScaledProjectionAttention(nn.Module):
         v = self.v_proj(x).view(b, s, self.heads, -1).transpose(1, 2)
         y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, c)
         return self.out_proj(y)
+
+
+class FoldedHeadsAttention(nn.Module):
+    """Hugging Face's older encoder attention (CLIP, BART): heads folded into the batch,
+    (b, s, h, d).transpose(1, 2).contiguous().view(b * h, s, d), and torch.bmm; Q scaled by
+    its projection's epilogue."""
+
+    def __init__(self, width: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads, self.hd = heads, width // heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nn.Linear(width, width) for _ in range(4)
+        )
+
+    def _fold(self, t, b, s):
+        t = t.view(b, s, self.heads, self.hd).transpose(1, 2).contiguous()
+        return t.view(b * self.heads, s, self.hd)
+
+    def forward(self, x):
+        b, s, c = x.shape
+        q = self._fold(self.q_proj(x) * self.hd**-0.5, b, s)
+        k, v = self._fold(self.k_proj(x), b, s), self._fold(self.v_proj(x), b, s)
+        w = torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+        y = torch.bmm(w, v).view(b, self.heads, s, self.hd).transpose(1, 2).reshape(b, s, c)
+        return self.out_proj(y)

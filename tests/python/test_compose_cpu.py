@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fact
 from attention_modules import (
     BiasedAttention,
+    FoldedHeadsAttention,
     GqaAttention,
     HandWrittenAttention,
     ScaledProjectionAttention,
@@ -2536,6 +2537,31 @@ def test_attention_scaled_before_the_product_reads_the_projections(
     assert rel_err(opt(x), eager(model, x)) < 1e-5
     y = torch.randn(2, 32, 64)  # fresh inputs
     assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["twin", "sdpa"])
+def test_attention_over_heads_folded_into_the_batch(engine_available, tmp_path, monkeypatch, impl):
+    """bmm over [B * H, S, D] (CLIP's and BART's older code): the kernel's twin and SDPA both
+    read Q, K, V as [B * H, 1, S, D] and the result is squeezed back; same function as eager.
+    Before, both were refused (the twin: not [batch, heads, seq, dim]), and SDPA ran the
+    3-D math kernel."""
+    import fact.compose.optimize as optimize_mod
+
+    if impl == "twin":
+        monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(33)
+    model, x = FoldedHeadsAttention().eval(), torch.randn(2, 24, 64)
+    twins = attention_twins if impl == "twin" else None
+    opt = fact.optimize(model, [x], implementations=twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    assert att["chosen"] == ("reference:ref" if impl == "twin" else "sdpa"), att
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    assert plan["patterns"][att["index"]]["problem"]["batch"] == 2 * 4
+    gm = opt.graph_module
+    assert aten.bmm.default not in targets(gm) and not (targets(gm) & SOFTMAXES)
+    for y in (x, torch.randn(2, 24, 64)):
+        assert rel_err(opt(y), eager(model, y)) < 1e-5
 
 
 @pytest.mark.parametrize("form", list(ATTENTION_MODULES))

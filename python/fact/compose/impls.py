@@ -514,6 +514,15 @@ def _unscaled(graph: fx.Graph, reg: Region, node: fx.Node) -> fx.Node:
     return env[node]
 
 
+def _unsqueezed(graph: fx.Graph, t: fx.Node) -> fx.Node:
+    """t.unsqueeze(1), with its value's metadata (shape, dtype) where t has it."""
+    node = graph.call_function(aten.unsqueeze.default, (t, 1))
+    val = t.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        node.meta["val"] = val.unsqueeze(1)
+    return node
+
+
 def _untransposed(graph: fx.Graph, reg: Region, k_t: fx.Node) -> fx.Node:
     """K from the K^T the scores read: the transpose's input where the region transposes the
     last two dims, a new transpose view otherwise."""
@@ -537,6 +546,14 @@ class AttentionIO:
     v: fx.Node
     value: fx.Node
     enable_gqa: bool = False
+    # The graph's Q, K, V are [B * H, S, D] (heads folded into bmm's batch), read as
+    # [B * H, 1, S, D]: the result is squeezed back (`result`)
+    folded: bool = False
+
+    def result(self, graph: fx.Graph, attn: fx.Node) -> fx.Node:
+        """The attention's result as the graph had it: `attn` less the unit heads dim where
+        the heads were folded into the batch."""
+        return graph.call_function(aten.squeeze.dim, (attn, 1)) if self.folded else attn
 
 
 def attention_io(
@@ -578,6 +595,9 @@ def attention_io(
     q, k_t = _unscaled(graph, reg, scores.args[0]), _unscaled(graph, reg, scores.args[1])
     v = out.args[1]
     k = _untransposed(graph, reg, k_t)
+    if all(len(_shape(t) or ()) == 3 for t in (q, k, v)):  # Hugging Face's bmm over B * H
+        q, k, v = (_unsqueezed(graph, t) for t in (q, k, v))
+        return AttentionIO(q, k, v, out, folded=True)
     if unrepeat:
         k, v = _unrepeated_pair(reg, k, v)
     return AttentionIO(q, k, v, out)
@@ -656,6 +676,8 @@ class SdpaAttention(Impl):
                 raise NotSupportedError(f"the dtypes of {io.q.name} and {bias.name} are unknown")
             if not b_val.is_floating_point():  # SDPA would read a bool as a keep-mask
                 raise NotSupportedError(f"the score bias {bias.name} is {b_val.dtype}")
+            if io.folded and b_val.dim() == 3:  # [B * H, Sq, Sk] scores, read as [B * H, 1, ..]
+                bias = _unsqueezed(graph, bias)
             if b_val.dtype != q_val.dtype:  # finfo(f32).min would round to -inf in 16 bits
                 info = torch.finfo(q_val.dtype)
                 bias = graph.call_function(aten.clamp.default, (bias, info.min, info.max))
@@ -669,7 +691,7 @@ class SdpaAttention(Impl):
                 kwargs["is_causal"] = False
             kwargs["attn_mask"] = bias
         attn = graph.call_function(_SDPA, (io.q, io.k, io.v), kwargs)
-        return copy_tail(graph, reg, io.value, attn)
+        return copy_tail(graph, reg, io.value, io.result(graph, attn))
 
 
 class AttentionImpl(Impl):
@@ -744,7 +766,7 @@ class AttentionImpl(Impl):
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         io = attention_io(graph, reg, pattern, unrepeat=True)
-        shapes = [_shape(t) for t in (io.q, io.k, io.v)]
+        shapes = [_shape(t) for t in (io.q, io.k, io.v)] if not io.folded else []
         if any(s is not None and len(s) != 4 for s in shapes):
             raise NotSupportedError(f"q, k, v shaped {shapes}, not [batch, heads, seq, dim]")
         val = io.value.meta.get("val")
@@ -756,7 +778,7 @@ class AttentionImpl(Impl):
         attn = graph.call_function(
             torch.ops.fact.attention.default, (io.q, io.k, io.v, self.handle)
         )
-        return copy_tail(graph, reg, io.value, attn)
+        return copy_tail(graph, reg, io.value, io.result(graph, attn))
 
 
 # ---------------------------------------------------------------------------------------------
