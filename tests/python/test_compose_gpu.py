@@ -17,7 +17,12 @@ import torch
 from torch import nn
 
 import fact
-from attention_modules import GqaAttention, HandWrittenAttention, ScaledProjectionAttention
+from attention_modules import (
+    FoldedHeadsAttention,
+    GqaAttention,
+    HandWrittenAttention,
+    ScaledProjectionAttention,
+)
 from fact.compose.impls import run_cublaslt_pattern, run_gemm_parts_pattern, run_gemm_pattern
 from fact.compose.ops import dense_strides
 from fact.compose.optimize import rel_err
@@ -429,6 +434,13 @@ ATTENTION_BLOCKS = {
     "whisper_scaled_qk": (
         lambda: ScaledProjectionAttention("heads", 512, 8),
         (8, 256, 512),
+        torch.bfloat16,
+        "highest",
+    ),  # fmt: skip
+    # CLIP's older code: heads folded into bmm's batch, 257 tokens (a ragged last tile)
+    "clip_folded_heads": (
+        lambda: FoldedHeadsAttention(1024, 16),
+        (8, 257, 1024),
         torch.bfloat16,
         "highest",
     ),  # fmt: skip
