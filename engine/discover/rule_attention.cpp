@@ -39,10 +39,15 @@ bool masks_out(double v, ir::DType scores) {
 }
 
 // A constant the graph builds as a one-element tensor, torch.full([], v) (Hugging Face's score
-// divisor and mask floor), behind identities; fills `v` and returns its node, or -1.
+// divisor and mask floor) or torch.tensor(v) (GPT-J's mask floor: a lifted constant whose value
+// the trace recorded), behind identities; fills `v` and returns its node, or -1.
 int constant_tensor(const Graph& g, int id, double& v) {
   const int c = skip_identity(g, id);
   const auto& n = g.node(c);
+  if (n.op == Op::placeholder && n.outputs.size() == 1 && n.type().numel() == 1 && n.facts.count("value")) {
+    v = n.facts.at("value");
+    return c;
+  }
   if (n.op != Op::full || n.outputs.size() != 1 || n.type().numel() != 1) return -1;
   const Arg* fill = n.arg(1, "fill_value");
   return fill && scalar_value(g, *fill, v) ? c : -1;
@@ -156,7 +161,7 @@ struct Side {
   std::vector<int> chain;
   int repeat = 1;        // GQA: how many query heads share one KV head
   bool transposed = false;  // K^T: last two dims swapped on the way
-  double factor = 1.0;      // constants Q or K was multiplied by on the way (scales_too)
+  double factor = 1.0;      // constants Q or K was multiplied by on the way (scores_operand)
 };
 
 // A multiply or divide of `n`'s one tensor operand by a constant that keeps its shape, strides
@@ -179,10 +184,22 @@ bool layout_keeping_scale(const Graph& g, const Node& n, double& c) {
   return true;
 }
 
+// A cast of 16-bit floats to f32 that keeps its input's shape and strides (GPT-J's
+// query.to(torch.float32) before Q @ K^T): the products of 16-bit values are exact in f32, so the
+// fused kernel's 16-bit MMAs with f32 accumulation compute what the f32 product does.
+bool layout_keeping_widening(const Graph& g, const Node& n) {
+  if (ir::op_class(n.op) != OpClass::cast || n.outputs.size() != 1) return false;
+  const int src = first_operand(n);
+  if (src < 0 || g.node(src).outputs.size() != 1) return false;
+  const auto &in = g.node(src).type(), &out = n.type();
+  return (in.dtype == ir::DType::bf16 || in.dtype == ir::DType::f16) && out.dtype == ir::DType::f32 &&
+         in.shape == out.shape && in.strides == out.strides;
+}
+
 // Walk a Q/K/V operand back to the tensor it reads, noting GQA expansion and transposes, and
-// (`scales_too`, for Q and K: softmax(c q k^T) is the attention of q and k with its scale times
-// c; not for V) constant scales read only on the way.
-Side trace_operand(const Graph& g, int id, bool scales_too = false) {
+// (`scores_operand`, for Q and K, not V) constant scales and widening casts read only on the way:
+// softmax(c q k^T) is the attention of q and k with its scale times c.
+Side trace_operand(const Graph& g, int id, bool scores_operand = false) {
   Side s;
   s.source = id;
   bool sole = true;  // every node so far has one reader: a scale on the way joins the pattern
@@ -192,8 +209,10 @@ Side trace_operand(const Graph& g, int id, bool scales_too = false) {
     if (src < 0) break;
     sole = sole && n.users.size() == 1 && !g.is_graph_output(s.source);
     double c = 0;
-    if (scales_too && sole && layout_keeping_scale(g, n, c)) {
+    if (scores_operand && sole && layout_keeping_scale(g, n, c)) {
       s.factor *= c;
+    } else if (scores_operand && sole && layout_keeping_widening(g, n)) {
+      // the kernel reads the 16-bit values
     } else if (n.op == Op::repeat_interleave) {
       const Arg* r = n.arg(1, "repeats");
       if (!r || r->kind != Arg::Kind::integer) break;
@@ -293,7 +312,7 @@ Match attention_match(const Graph& g, const std::string& rule, int root, int q, 
   const auto& final_t = g.node(final_out).type();
   m.attrs = {{"causal", causal},
              {"scale", scale},
-             {"dtype", ir::dtype_name(qt.dtype)},
+             {"dtype", ir::dtype_name(g.node(qs.source).type().dtype)},  // what the kernel reads
              {"softmax_dtype", softmax_dtype},
              {"q_strides", strides_of(g, q)},
              {"k_strides", k_strides},

@@ -136,6 +136,7 @@ const std::unordered_map<std::string, Op>& aliases() {
       {"unsqueeze_copy", Op::unsqueeze}, {"alias_copy", Op::alias},
       {"_assert_scalar", Op::assert_metadata}, {"scalar_tensor", Op::full},
       {"relu_", Op::relu},          {"silu_", Op::silu},           {"gelu_", Op::gelu},
+      {"detach_", Op::detach},  // torch.tensor(c) in a forward: lift_fresh_copy, then detach_
   };
   return extra;
 }

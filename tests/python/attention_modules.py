@@ -167,3 +167,29 @@ class FoldedHeadsAttention(nn.Module):
         w = torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
         y = torch.bmm(w, v).view(b, self.heads, s, self.hd).transpose(1, 2).reshape(b, s, c)
         return self.out_proj(y)
+
+
+class Float32ScoresAttention(nn.Module):
+    """GPT-J's causal attention: Q and K cast to f32 before Q @ K^T, masked by torch.where with
+    a bool tril buffer and torch.tensor(finfo.min) (a lifted constant), then divided by
+    sqrt(head_dim), softmax in f32, the probabilities cast back to V's dtype."""
+
+    def __init__(self, width: int = 64, heads: int = 4, seq: int = 32):
+        super().__init__()
+        self.heads, self.hd = heads, width // heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nn.Linear(width, width, bias=False) for _ in range(4)
+        )
+        self.register_buffer("bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool))[None, None])
+
+    def forward(self, x):
+        b, s, c = x.shape
+        q, k, v = (
+            p(x).view(b, s, self.heads, self.hd).permute(0, 2, 1, 3)
+            for p in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        w = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2))
+        floor = torch.tensor(torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device)
+        w = torch.where(self.bias[:, :, :s, :s], w, floor) / math.sqrt(self.hd)
+        y = torch.matmul(torch.softmax(w, dim=-1).to(v.dtype), v)
+        return self.out_proj(y.permute(0, 2, 1, 3).reshape(b, s, c))

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fact
 from attention_modules import (
     BiasedAttention,
+    Float32ScoresAttention,
     FoldedHeadsAttention,
     GqaAttention,
     HandWrittenAttention,
@@ -2537,6 +2538,34 @@ def test_attention_scaled_before_the_product_reads_the_projections(
     assert rel_err(opt(x), eager(model, x)) < 1e-5
     y = torch.randn(2, 32, 64)  # fresh inputs
     assert rel_err(opt(y), eager(model, y)) < 1e-5
+
+
+def test_attention_over_q_and_k_cast_to_f32_reads_the_bf16_projections(
+    engine_available, tmp_path, monkeypatch
+):
+    """GPT-J's f32 scores over bf16 Q and K: the casts are exact, so the bf16 kernel (here its
+    twin) reads the projections in place; the plan's dtype is bf16 and no cast is left."""
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "library_impls", lambda pattern, device=None: [])
+    torch.manual_seed(34)
+    model = Float32ScoresAttention().to(torch.bfloat16).eval()
+    x = torch.randn(2, 32, 64, dtype=torch.bfloat16)
+    opt = fact.optimize(model, [x], implementations=attention_twins, require_faster=False,
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+    (att,) = by_family(opt.report, "attention")
+    assert att["chosen"] == "reference:ref", att
+    plan = json.loads((tmp_path / "r" / "plan.json").read_text())
+    pattern = plan["patterns"][att["index"]]
+    assert pattern["attrs"]["dtype"] == "bf16" and pattern["attrs"]["causal"] is True
+    assert pattern["epilogue"] == ["causal_mask", "scale", "softmax"]
+    gm = opt.graph_module
+    assert not (targets(gm) & {aten.to.dtype, aten._to_copy.default, aten.where.self})
+    import copy
+
+    exact = copy.deepcopy(model).double()
+    for y in (x, torch.randn(2, 32, 64, dtype=torch.bfloat16)):
+        assert rel_err(opt(y).float(), eager(exact, y.double()).float()) < 2e-2
 
 
 @pytest.mark.parametrize("impl", ["twin", "sdpa"])

@@ -477,8 +477,22 @@ def _unrepeated_pair(reg: Region, k: fx.Node, v: fx.Node) -> tuple[fx.Node, fx.N
     return k, v
 
 
-def _constant_scale_base(n: fx.Node) -> fx.Node | None:
-    """The tensor `n` multiplies or divides by a Python number, or None."""
+_CASTS = {aten.to.dtype, aten._to_copy.default, aten.type_as.default}
+
+
+def _dropped_on_read(n: fx.Node) -> fx.Node | None:
+    """What `n` scales by a Python number, or widens from 16-bit floats to f32 (GPT-J's
+    query.to(torch.float32)), or None: the fused kernels read the tensor itself."""
+    if n.target in _CASTS and n.args and isinstance(n.args[0], fx.Node):
+        src, val = n.args[0].meta.get("val"), n.meta.get("val")
+        widens = (
+            isinstance(src, torch.Tensor)
+            and isinstance(val, torch.Tensor)
+            and src.dtype in (torch.bfloat16, torch.float16)
+            and val.dtype == torch.float32
+            and src.shape == val.shape
+        )
+        return n.args[0] if widens else None
     if n.target not in _SCALES or len(n.args) != 2:
         return None
     a, b = n.args
@@ -492,21 +506,24 @@ def _constant_scale_base(n: fx.Node) -> fx.Node | None:
 def _unscaled(graph: fx.Graph, reg: Region, node: fx.Node) -> fx.Node:
     """`node` (Q, or K^T) without the constant scales on its way that the plan folded into the
     softmax scale (CLIP's q_proj(x) * scaling before the heads are split, Whisper's q and k
-    each scaled; engine: rule_attention's trace_operand): the region's views after the
-    outermost such scale are emitted again on the tensor it scales. `node` where there is none."""
+    each scaled) and without widening casts (GPT-J's; engine: rule_attention's
+    trace_operand): the region's views after the outermost such step are emitted again on the
+    tensor it reads. `node` where there is none."""
     chain, cur, found = [], node, None
     while cur in reg.nodes:
-        if _constant_scale_base(cur) is not None:
+        base = _dropped_on_read(cur)
+        if base is not None:
             found = cur
-        if len(cur.all_input_nodes) != 1:
+        inputs = [base] if base is not None else cur.all_input_nodes
+        if len(inputs) != 1:
             break
         chain.append(cur)
-        cur = cur.all_input_nodes[0]
+        cur = inputs[0]
     if found is None:
         return node
     env: dict[fx.Node, fx.Node] = {}
     for n in reversed(chain):
-        base = _constant_scale_base(n)
+        base = _dropped_on_read(n)
         if base is not None:
             env[n] = env.get(base, base)
         else:
