@@ -18,6 +18,7 @@ from torch import nn
 
 import fact
 from attention_modules import (
+    Float32ScoresAttention,
     FoldedHeadsAttention,
     GqaAttention,
     HandWrittenAttention,
@@ -434,6 +435,13 @@ ATTENTION_BLOCKS = {
     "whisper_scaled_qk": (
         lambda: ScaledProjectionAttention("heads", 512, 8),
         (8, 256, 512),
+        torch.bfloat16,
+        "highest",
+    ),  # fmt: skip
+    # GPT-J's: f32 scores over bf16 Q and K, where(tril, w, torch.tensor(finfo.min)) / sqrt(d)
+    "gptj_f32_scores": (
+        lambda: Float32ScoresAttention(1024, 16, 512),
+        (4, 512, 1024),
         torch.bfloat16,
         "highest",
     ),  # fmt: skip
