@@ -265,16 +265,21 @@ class TwoLayerMLP(nn.Module):
 
 class QkvProjections(nn.Module):
     """Three linear layers on one input, as attention's q/k/v projections (k without a bias):
-    one horizontal_gemm pattern whose three parts are each read by the rest of the module."""
+    one horizontal_gemm pattern whose three parts are each read by the rest of the module.
+    `cat_all`: all three concatenated; otherwise q is added to k and v's concatenation, an add
+    that q's GEMM may take as its epilogue instead (the planner weighs both)."""
 
-    def __init__(self, d: int = 64):
+    def __init__(self, d: int = 64, cat_all: bool = False):
         super().__init__()
+        self.cat_all = cat_all
         self.q = nn.Linear(d, d)
         self.k = nn.Linear(d, d // 2, bias=False)
         self.v = nn.Linear(d, d // 2)
 
     def forward(self, x):
         q, k, v = self.q(x), self.k(x), self.v(x)
+        if self.cat_all:
+            return torch.cat([q, k, v], dim=-1)
         return q + torch.cat([k, v], dim=-1)
 
 
@@ -3269,7 +3274,7 @@ def test_horizontal_gemm_runs_as_one_fact_gemm_parts_call(engine_available, tmp_
     """q/k/v projections (one without a bias) as one fact::gemm_parts call writing the three
     outputs, reading the live parameters: an in-place update is seen as eager sees it."""
     torch.manual_seed(32)
-    model, x = QkvProjections().eval(), torch.randn(2, 8, 64)
+    model, x = QkvProjections(cat_all=True).eval(), torch.randn(2, 8, 64)
     opt = fact.optimize(model, [x], implementations=horizontal_twins, require_faster=False,
                         use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
     plan = json.loads((tmp_path / "r" / "plan.json").read_text())
