@@ -164,22 +164,26 @@ struct Side {
   double factor = 1.0;      // constants Q or K was multiplied by on the way (scores_operand)
 };
 
+// Whether `n`'s output has the shape and strides of its first tensor operand's (one output).
+bool keeps_layout(const Graph& g, const Node& n) {
+  const int src = first_operand(n);
+  if (src < 0 || g.node(src).outputs.size() != 1 || n.outputs.size() != 1) return false;
+  const auto &in = g.node(src).type(), &out = n.type();
+  return in.shape == out.shape && in.strides == out.strides;
+}
+
 // A multiply or divide of `n`'s one tensor operand by a constant that keeps its shape, strides
 // and dtype (q_proj(x) * scaling, as CLIP's and BART's attention scale Q before the heads are
 // split; a pointwise op keeps a dense input's strides): fills `c` with the factor.
 bool layout_keeping_scale(const Graph& g, const Node& n, double& c) {
-  if ((n.op != Op::mul && n.op != Op::div) || g.operands(n).size() != 1 || n.outputs.size() != 1) return false;
+  if ((n.op != Op::mul && n.op != Op::div) || g.operands(n).size() != 1 || !keeps_layout(g, n)) return false;
   const Arg* by = n.arg(1, "other");
   double v = 0;
   if (!by || !scalar_value(g, *by, v)) {
     by = n.arg(0, "self");  // c * x
     if (n.op != Op::mul || !by || !scalar_value(g, *by, v)) return false;
   }
-  const int src = first_operand(n);
-  if (src < 0 || g.node(src).outputs.size() != 1) return false;
-  const auto &in = g.node(src).type(), &out = n.type();
-  if (in.shape != out.shape || in.strides != out.strides || in.dtype != out.dtype) return false;
-  if (n.op == Op::div && v == 0) return false;
+  if (g.node(first_operand(n)).type().dtype != n.type().dtype || (n.op == Op::div && v == 0)) return false;
   c = n.op == Op::mul ? v : 1.0 / v;
   return true;
 }
@@ -188,12 +192,9 @@ bool layout_keeping_scale(const Graph& g, const Node& n, double& c) {
 // query.to(torch.float32) before Q @ K^T): the products of 16-bit values are exact in f32, so the
 // fused kernel's 16-bit MMAs with f32 accumulation compute what the f32 product does.
 bool layout_keeping_widening(const Graph& g, const Node& n) {
-  if (ir::op_class(n.op) != OpClass::cast || n.outputs.size() != 1) return false;
-  const int src = first_operand(n);
-  if (src < 0 || g.node(src).outputs.size() != 1) return false;
-  const auto &in = g.node(src).type(), &out = n.type();
-  return (in.dtype == ir::DType::bf16 || in.dtype == ir::DType::f16) && out.dtype == ir::DType::f32 &&
-         in.shape == out.shape && in.strides == out.strides;
+  if (ir::op_class(n.op) != OpClass::cast || !keeps_layout(g, n)) return false;
+  const auto from = g.node(first_operand(n)).type().dtype;
+  return (from == ir::DType::bf16 || from == ir::DType::f16) && n.type().dtype == ir::DType::f32;
 }
 
 // Walk a Q/K/V operand back to the tensor it reads, noting GQA expansion and transposes, and

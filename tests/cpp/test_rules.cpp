@@ -812,29 +812,22 @@ TEST(RuleNorm, LayerNormOverTwoDimsIsAMiss) {
 // weight (1 + w.float(), made from the parameter) first and casts last:
 // (xf * rsqrt(...) * wf).type_as(x).
 GraphBuilder rms_norm_graph(const std::string& form = "llama") {
-  const bool t5 = form == "t5";
+  const bool t5 = form == "t5", gemma = form == "gemma";
   GraphBuilder b("bf16");
   const json f = T("f32", {4, 8, 64});
   b.input("x", T("bf16", {4, 8, 64}));
-  if (form == "gemma") {
-    b.param("w", T("f32", {64}));
-    b.call("xf", "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
-    b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
-    b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
-    b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
-    b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
-    b.call("y", "aten.mul.Tensor", {N("xf"), N("r")}, f);
-    b.call("yw", "aten.mul.Tensor", {N("y"), N("w")}, f);
-    b.call("out", "aten.type_as.default", {N("yw"), N("x")}, T("bf16", {4, 8, 64}));
-    return b;
-  }
-  b.param("w", T("bf16", {64}));
+  b.param("w", T(gemma ? "f32" : "bf16", {64}));
   b.call("xf", t5 ? "aten.to.dtype" : "aten._to_copy.default", {N("x")}, f, {{"dtype", DTypeArg("f32")}});
   b.call("p", "aten.pow.Tensor_Scalar", {N("xf"), 2}, f);
   b.call("m", "aten.mean.dim", {N("p"), L({-1}), true}, T("f32", {4, 8, 1}));
   b.call("a", "aten.add.Tensor", {N("m"), 1e-6}, T("f32", {4, 8, 1}));
   b.call("r", "aten.rsqrt.default", {N("a")}, T("f32", {4, 8, 1}));
   b.call("y", "aten.mul.Tensor", {N(t5 ? "x" : "xf"), N("r")}, f);
+  if (gemma) {
+    b.call("yw", "aten.mul.Tensor", {N("y"), N("w")}, f);
+    b.call("out", "aten.type_as.default", {N("yw"), N("x")}, T("bf16", {4, 8, 64}));
+    return b;
+  }
   if (t5) {
     b.call("yt", "aten.to.dtype", {N("y")}, T("bf16", {4, 8, 64}), {{"dtype", DTypeArg("bf16")}});
   } else {

@@ -272,13 +272,19 @@ CLOCK_LIMITS = {
 }
 
 
+def _cuda_index(device: torch.device) -> int | None:
+    """The CUDA device index `device` names (the current one where it names none), or None
+    without CUDA."""
+    try:
+        return device.index if device.index is not None else torch.cuda.current_device()
+    except Exception:  # noqa: BLE001 - no CUDA here: nothing to read
+        return None
+
+
 def _nvml_sm_clock(device: torch.device) -> Callable[[], int] | None:
     """A reader of the device's current SM clock through the driver's NVML library, or None."""
-    try:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    except Exception:  # noqa: BLE001 - no CUDA here: no clock to read
-        return None
-    return nvml_sm_clock_reader(index)
+    index = _cuda_index(device)
+    return None if index is None else nvml_sm_clock_reader(index)
 
 
 def _nvml_clock_reasons(device: torch.device) -> Callable[[], int | None] | None:
@@ -286,22 +292,15 @@ def _nvml_clock_reasons(device: torch.device) -> Callable[[], int | None] | None
     NVML, or None."""
     import ctypes
 
-    try:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    except Exception:  # noqa: BLE001 - no CUDA here
-        return None
-    opened = nvml_device(index)
+    index = _cuda_index(device)
+    opened = None if index is None else nvml_device(index)
     if opened is None:
         return None
     nvml, handle = opened
-    fn = None
-    for name in (
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-    ):
-        fn = getattr(nvml, name, None)
-        if fn is not None:
-            break
+    # the newer name, or the older one where the driver lacks it
+    fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+    )
     if fn is None:
         return None
     mask = ctypes.c_ulonglong()

@@ -783,7 +783,7 @@ class AttentionImpl(Impl):
 
     def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
         io = attention_io(graph, reg, pattern, unrepeat=True)
-        shapes = [_shape(t) for t in (io.q, io.k, io.v)] if not io.folded else []
+        shapes = [_shape(t) for t in (io.q, io.k, io.v)]
         if any(s is not None and len(s) != 4 for s in shapes):
             raise NotSupportedError(f"q, k, v shaped {shapes}, not [batch, heads, seq, dim]")
         val = io.value.meta.get("val")
