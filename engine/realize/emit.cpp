@@ -627,10 +627,14 @@ EmittedKernel emit_gemm_sm90(const GemmSpec& spec, const GemmConfig& c) {
   // with a scalar operand launches plainly.
   const bool scalar = std::any_of(spec.operands.begin(), spec.operands.end(),
                                   [](const auto& o) { return o.kind == "scalar"; });
+  // A stream-K kernel launches plainly and is built without CUTLASS's grid dependency control
+  // (the template says why).
+  const bool stream_k = c.tile_scheduler == "stream_k";
   auto vars = gemm_vars(spec, c, leaves, k.name);
   vars.merge(sm90_vars(c));
   vars.insert({
-      {"dependent_launch", scalar ? "false" : "true"},
+      {"dependent_launch", scalar || stream_k ? "false" : "true"},
+      {"gdc_define", stream_k ? "// (stream-K: no grid dependency control)" : "#define CUTLASS_ENABLE_GDC_FOR_SM90 1"},
       {"element_c", leaves.element_c},
       {"align_c", leaves.element_c == "void" ? "16 / sizeof(ElementD)" : "16 / sizeof(ElementC)"},
       {"kernel_schedule", coop ? "cutlass::gemm::KernelTmaWarpSpecializedCooperative"

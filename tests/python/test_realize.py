@@ -85,6 +85,35 @@ def test_realize_compiles_one_kernel_and_reuses_it(engine_available, tmp_path):
     assert time.perf_counter() - start < 60
 
 
+def test_realize_compiles_a_stream_k_gemm(engine_available, tmp_path):
+    """The stream-K kernels (large K over few tiles: issue 3's large-K GEMMs) build for sm_90a.
+    They launch plainly, without CUTLASS's grid dependency control, which CUTLASS 4.2's stream-K
+    scheduler does not compile with: from the twentieth session's dependent launches until the
+    twenty-sixth every stream-K candidate failed to build, and no CPU test compiled one. The
+    library takes the stream-K knobs the persistent kernels refuse."""
+    from fact.tune.abi import FactGemmArgs, KernelLibrary, Status
+
+    config = "t128x128x64_c2x2_coop_tmacoop_sauto_stream_k"
+    res = subprocess.run(
+        [sys.executable, "-m", "fact", "realize", "bench/problems/gemm_large_k.py", "--dtype",
+         "bf16", "--configs", config, "--out", str(tmp_path / "run"), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=1200,
+        env={**__import__("os").environ, "FACT_CACHE_DIR": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    (entry,) = json.loads(res.stdout)
+    assert entry["status"] == "compiled", entry.get("detail")
+    source = (tmp_path / "run" / "src" / f"{entry['kernel']}.cu").read_text()
+    assert "cutlass::gemm::StreamKScheduler" in source
+    assert "#define CUTLASS_ENABLE_GDC_FOR_SM90" not in source
+    lib = KernelLibrary(tmp_path / "run" / entry["library"])
+    assert lib.info["config"]["tile_scheduler"] == "stream_k"
+    k = 524288
+    args = FactGemmArgs(m=256, n=256, k=k, batch=1, a=0x10000, lda=k, b=0x20000, ldb=256)
+    args.d, args.ldd, args.splits, args.reduction = 0x30000, 256, 4, 1
+    assert lib.can_implement(args) == Status.OK, lib.last_error()
+
+
 def test_realize_compiles_an_fp32_accurate_gemm(engine_available, tmp_path):
     """fp32 under "highest": the GEMM's candidates are CUTLASS's sm80 multistage kernels in
     3xTF32 (no sm90 kernel splits operands into TF32 halves), built for sm_90a with an sm80

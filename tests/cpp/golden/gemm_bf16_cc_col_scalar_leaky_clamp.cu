@@ -6,9 +6,12 @@
 //
 // Programmatic dependent launch: CUTLASS's sm90 kernels wait for the stream's previous kernel
 // in their load warps before their loads, and let the next kernel launch from their last tile,
-// when this macro is defined before its headers (cutlass/arch/grid_dependency_control.h). The
-// epilogue's other global reads come after the mainloop's loads, except a scalar operand's
-// (kDependentLaunch below).
+// when CUTLASS_ENABLE_GDC_FOR_SM90 is defined before its headers
+// (cutlass/arch/grid_dependency_control.h). The epilogue's other global reads come after the
+// mainloop's loads, except a scalar operand's (kDependentLaunch below). Stream-K kernels go
+// without it: their workspace's reset stands between them and the kernel before anyway, and
+// CUTLASS 4.2's stream-K scheduler does not compile with it (a const is_last_tile binds a
+// member to a non-const reference).
 #define CUTLASS_ENABLE_GDC_FOR_SM90 1
 #include <cuda_runtime.h>
 
@@ -32,7 +35,7 @@
 #include "cutlass/arch/grid_dependency_control.h"
 #include "fact_gemm_abi.h"
 
-#if defined(__CUDA_ARCH__) && !defined(CUTLASS_GDC_ENABLED)
+#if defined(__CUDA_ARCH__) && defined(CUTLASS_ENABLE_GDC_FOR_SM90) && !defined(CUTLASS_GDC_ENABLED)
 #error "this kernel launches as a programmatic dependent and must wait for its predecessor: build it for sm_90a"
 #endif
 
