@@ -62,6 +62,9 @@ def main() -> int:
 
     opt_mod.guard = spying_guard
     opt = fact.optimize(model, inputs, quiet=True)
+    for p in opt.report["patterns"]:
+        why = (p.get("reason") or "")[:160]
+        print(f"pattern {p['index']} {p['signature']}: {p['chosen']} {why}", flush=True)
     timed("after optimize", lambda: model(*inputs), device)
     timed("after optimize, the optimized module", lambda: opt(*inputs), device)
     return 0

@@ -2395,6 +2395,45 @@ def attention_twins(index: int, pattern: dict) -> list[Impl]:
     return [AttentionImpl(pattern, "reference", label="ref")]
 
 
+def test_attention_tail_reads_the_kernels_layout_through_reshapes():
+    """The tail after an attention's value (here nn.MultiheadAttention's exported one: permute
+    to (seq, batch, heads, dim), then view to (seq * batch, heads * dim)) was traced on eager's
+    result. On the H200, SDPA wrote that result in its query's memory order, (seq, batch,
+    heads, dim), so the view was legal; FACT's kernels write (batch, seq, heads, dim), where it
+    is not ("view size is not compatible", the ViT block's attention in the twenty-sixth
+    session). copy_tail copies views as reshapes, which copy only where a view cannot be."""
+    from fact.compose.impls import copy_tail
+    from fact.compose.program import Region
+
+    aten = torch.ops.aten
+    b, h, s, d = 2, 3, 5, 4
+    g = fx.Graph()
+    value = g.placeholder("value")  # stands in for the SDPA call
+    perm = g.call_function(aten.permute.default, (value, [2, 0, 1, 3]))
+    merged = g.call_function(aten.view.default, (perm, [s * b, h * d]))
+    g.output(merged)
+    reg = Region([value, perm, merged], [], merged, {}, [merged])
+
+    out = fx.Graph()
+    new = out.placeholder("attn")  # the kernel's output
+    out.output(copy_tail(out, reg, value, new))
+    gm = fx.GraphModule(torch.nn.Module(), out)
+    assert [n.target for n in out.nodes if n.op == "call_function"] == [
+        aten.permute.default,
+        aten.reshape.default,
+    ]
+    expected = torch.randn(b, h, s, d)
+    kernel_layout = expected.transpose(1, 2).contiguous().transpose(1, 2)  # (b, s, h, d) memory
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        kernel_layout.permute(2, 0, 1, 3).view(s * b, h * d)  # what the copied view would do
+    assert torch.equal(gm(kernel_layout), expected.permute(2, 0, 1, 3).reshape(s * b, h * d))
+    eager_layout = expected.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    result = gm(eager_layout)  # where the view is legal, the reshape is that view
+    assert result.data_ptr() == eager_layout.data_ptr() and torch.equal(
+        result, expected.permute(2, 0, 1, 3).reshape(s * b, h * d)
+    )
+
+
 def node_values(gm: fx.GraphModule, inputs) -> dict:
     """Every node's value in one run of the graph."""
     values = {}
@@ -2627,13 +2666,14 @@ def test_attention_patterns_run_as_fact_attention(engine_available, tmp_path, mo
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
     out = values[node]
     assert out.shape == (2, 4, 32, 16) and out.stride() == (32 * 4 * 16, 16, 4 * 16, 1)
-    # what merges the heads afterwards (transpose, contiguous, view) reuses the buffer
-    merge = {aten.transpose.int, aten.contiguous.default, aten.view.default}
+    # what merges the heads afterwards (transpose, contiguous, the view copied as a reshape)
+    # reuses the buffer
+    merge = {aten.transpose.int, aten.contiguous.default, aten.reshape.default}
     tail, cur = [], node
     while len(cur.users) == 1 and next(iter(cur.users)).target in merge:
         cur = next(iter(cur.users))
         tail.append(cur.target)
-    assert aten.transpose.int in tail and aten.view.default in tail, tail
+    assert aten.transpose.int in tail and aten.reshape.default in tail, tail
     assert values[cur].shape == (2, 32, 64) and values[cur].data_ptr() == out.data_ptr()
     for seed in (1, 2):
         (y,) = fresh_inputs([x], seed)

@@ -622,7 +622,15 @@ def attention_io(
 
 def copy_tail(graph: fx.Graph, reg: Region, value: fx.Node, new: fx.Node) -> fx.Node:
     """What the pattern does with the attention's value (transpose back, merge heads) copied
-    after `new`, which replaces `value`; returns the copy of the region's output."""
+    after `new`, which replaces `value`; returns the copy of the region's output.
+
+    The tail's views were traced on eager's result, whose memory order can differ from the
+    kernel's output: on a GPU, SDPA writes its output in the order its query is laid out (in
+    nn.MultiheadAttention's exported graph (seq, batch, heads, dim), which makes the merge of
+    seq and batch after a permute a view), where FACT's kernels write (batch, seq, heads, dim)
+    or (batch, heads, seq, dim). So `view` is copied as `reshape`: the same view wherever the
+    strides allow one, a copy where they do not (the graph is functional: nothing writes
+    through a view)."""
     env = {value: new}
     last = new
     for n in reg.nodes[reg.nodes.index(value) + 1 :]:
@@ -630,6 +638,8 @@ def copy_tail(graph: fx.Graph, reg: Region, value: fx.Node, new: fx.Node) -> fx.
             a in env for a in n.all_input_nodes
         ):
             last = env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+            if n.target is aten.view.default:
+                last.target = aten.reshape.default
     if reg.output not in env:
         raise NotSupportedError("the attention output is not computed from its result")
     return last
