@@ -79,23 +79,14 @@ def sustained(fn, calls: int, device: torch.device, energy) -> dict:
 
 
 def launcher(row: dict, pattern: dict, inputs, device: torch.device):
-    """A zero-argument launch of one tuned row (a FACT kernel with its knobs, or PyTorch)."""
-    from fact.tune.inputs import gemm_args
+    """A zero-argument launch of one tuned row (a FACT kernel with its knobs, or PyTorch) and
+    the check that raises if a kernel launch failed."""
     from fact.tune.reference import gemm_spec, pytorch_candidate
 
     if row["kernel"] == "pytorch":
         spec = gemm_spec(pattern)
-        return lambda: pytorch_candidate(spec, inputs.A, inputs.B, inputs.operands), None
-    lib = harness._load(row["library"])
-    args = gemm_args(inputs, row.get("knobs") or harness.DEFAULT_KNOBS)
-    lib.check(lib.can_implement(args))
-    keep, ptr, nbytes = harness._workspace(lib, args, device)
-    stream = harness._stream_ptr(device)
-
-    def launch() -> None:
-        lib.run(args, ptr, nbytes, stream)
-
-    return launch, keep
+        return lambda: pytorch_candidate(spec, inputs.A, inputs.B, inputs.operands), lambda: None
+    return harness.kernel_launcher(row["library"], inputs, row.get("knobs"), device)
 
 
 def bench_pattern(pattern: dict, entries: list[dict], precision: str, args) -> dict:
@@ -114,11 +105,12 @@ def bench_pattern(pattern: dict, entries: list[dict], precision: str, args) -> d
         names = list(launches)
         names = names[rnd % len(names) :] + names[: rnd % len(names)]
         for name in names:
-            fn = launches[name][0]
+            fn, check = launches[name]
             burst_ms = next(r["time_us"] for r in ok if r["kernel"] == name) / 1e3
             calls = max(20, int(args.seconds / (burst_ms / 1e3)))
             sustained(fn, calls, device, energy)  # warm-up: the clock settles
             per[name].append(sustained(fn, calls, device, energy))
+            check()
             time.sleep(args.rest)
     out = []
     for r in ok:
@@ -158,8 +150,8 @@ def table(result: dict) -> str:
     burst_rank = {r["kernel"]: i for i, r in enumerate(sorted(rows, key=lambda r: r["burst_us"]))}
     verified = result["verified"]
     passed = sum(1 for v in verified.values() if v["disposition"] == "passed")
-    others = ", ".join(f"{k}: {v['disposition']}" for k, v in verified.items() if k not in
-                       {r["kernel"] for r in rows})  # fmt: skip
+    shown = {r["kernel"] for r in rows}
+    others = ", ".join(f"{k}: {v['disposition']}" for k, v in verified.items() if k not in shown)
     lines = [
         f"### `{result['signature']}` {result['problem']}",
         "",

@@ -507,15 +507,34 @@ def time_kernel(
     """Median time (us) of one kernel launch at `problem` (or on given `inputs`, whose D holds
     the last rep's output afterwards, poisoned before the first). Raises KernelStatusError when
     the kernel refuses the knobs or problem, KernelFault when the device faults."""
-    from fact.tune.inputs import gemm_args, make_inputs
+    from fact.tune.inputs import make_inputs
 
-    lib = _load(lib)
     dev = _device(device)
     inputs = inputs if inputs is not None else make_inputs(pattern, problem, dev)
     inputs.poison()
+    launch, check = kernel_launcher(lib, inputs, knobs, dev)
+    times = time_fn(launch, reps=reps, warmup=warmup, flush=flush, device=dev)
+    check()
+    return statistics.median(times)
+
+
+def kernel_launcher(
+    lib: KernelLibrary | str | os.PathLike[str],
+    inputs: Any,
+    knobs: Mapping[str, Any] | None,
+    device: Any,
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(launch, check) for one GEMM kernel on `inputs` with launch `knobs`: launch() runs it
+    once on the current stream (its workspace held by the closure), check() raises
+    KernelFault or KernelStatusError if any launch so far did not return OK. Raises
+    KernelStatusError at once when the kernel refuses the knobs or problem."""
+    from fact.tune.inputs import gemm_args
+
+    lib = _load(lib)
+    dev = _device(device)
     args = gemm_args(inputs, knobs or DEFAULT_KNOBS)
     lib.check(lib.can_implement(args))
-    _buf, ptr, nbytes = _workspace(lib, args, dev)
+    workspace, ptr, nbytes = _workspace(lib, args, dev)
     stream = _stream_ptr(dev)
     failed: list[int] = []
 
@@ -524,12 +543,14 @@ def time_kernel(
         if status != Status.OK:
             failed.append(status)
 
-    times = time_fn(launch, reps=reps, warmup=warmup, flush=flush, device=dev)
-    if failed:
-        if failed[0] == Status.CUDA_ERROR:
-            raise KernelFault(f"the kernel reported a CUDA error: {lib.last_error()}")
-        raise KernelStatusError(failed[0], lib.last_error(), str(lib.path))
-    return statistics.median(times)
+    def check() -> None:
+        if failed:
+            if failed[0] == Status.CUDA_ERROR:
+                raise KernelFault(f"the kernel reported a CUDA error: {lib.last_error()}")
+            raise KernelStatusError(failed[0], lib.last_error(), str(lib.path))
+
+    launch.workspace = workspace  # type: ignore[attr-defined]  # alive as long as the launcher
+    return launch, check
 
 
 def time_pytorch(

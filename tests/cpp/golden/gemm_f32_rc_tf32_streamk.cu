@@ -42,7 +42,8 @@
 namespace {
 
 // fact_gemm_run launches this kernel as a programmatic dependent (FactGemmArgs.pdl), unless it
-// has a scalar operand: CUTLASS's scalar broadcast node reads it at kernel entry, before any wait.
+// has a scalar operand (CUTLASS's scalar broadcast node reads it at kernel entry, before any
+// wait) or is a stream-K kernel (built without the wait, above).
 constexpr bool kDependentLaunch = false;
 
 using namespace cute;
