@@ -23,6 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from fact import layouts  # noqa: E402
 from fact.problem import load_problem  # noqa: E402
 from fact.tune.harness import time_fn  # noqa: E402
 
@@ -59,9 +60,14 @@ def main() -> int:
     model = problem.model.to("cuda").eval()
     x = problem.inputs[0].to("cuda")
     with torch.no_grad():
-        exported = torch.export.export(model, (x,)).module()
+        program = torch.export.export(model, (x,))
+        exported = program.module()
+        lines = layouts.attention_inputs_in_place(program)
+        in_place = program.module()
+    print("\n".join(lines) or "attention_inputs_in_place: nothing rewritten")
     kernels("eager (fast path)", lambda: model(x))
     kernels("exported graph", lambda: exported(x))
+    kernels("exported graph, attention inputs in place", lambda: in_place(x))
     if "--fact" in sys.argv:  # FACT's composed module too (compiles its kernels: minutes)
         import fact
 
@@ -94,6 +100,7 @@ def main() -> int:
         )
     table.append(("eager block", "", f"{us(lambda: model(x)):.1f}"))
     table.append(("exported block", "", f"{us(lambda: exported(x)):.1f}"))
+    table.append(("exported, in place", "", f"{us(lambda: in_place(x)):.1f}"))
     print(f"{'SDPA backend':22} {'Q/K/V order':12} us")
     for row in table:
         print(f"{row[0]:22} {row[1]:12} {row[2]}")

@@ -1,14 +1,20 @@
 """Layout rewrites of an exported graph, before it is planned: a producer writes the layout its
 consumer's kernels read, so that no kernel has to copy between them.
 
-`rewrite` applies those that pay off for a target. One rewrite so far, `v_transposed`: under
-TF32 on Hopper, attention's V is produced transposed. Hopper's TF32 WGMMAs read shared memory
-K-major only, so FACT's TF32 attention kernels transpose V (batch, seq, heads, dim) into (dim,
-keys) before P @ V (117 us of 466 at the MiniGPT shape), unless V arrives with its keys
-contiguous, which they read in place (attention ABI version 4, `v_stride_d`). A projection can
-write V that way at no extra cost: V^T = W_v x^T + b_v is a GEMM with M = heads * dim and N =
-batch * seq whose row-major output holds every (batch, head)'s V^T with the keys contiguous,
-and its bias is a column vector in the epilogue. So where V is
+`rewrite` applies those that pay off for a target. Two so far:
+
+- `attention_inputs_in_place` (every target): scaled_dot_product_attention reads Q, K and V as
+  views of the tensors they were cut from where the graph copied them on the way (see its
+  docstring; the layout algebra is `in_place_view` and `view_ops`).
+- `v_transposed`, under TF32 on Hopper: attention's V is produced transposed.
+
+Hopper's TF32 WGMMAs read shared memory K-major only, so FACT's TF32 attention kernels
+transpose V (batch, seq, heads, dim) into (dim, keys) before P @ V (117 us of 466 at the
+MiniGPT shape), unless V arrives with its keys contiguous, which they read in place (attention
+ABI version 4, `v_stride_d`). A projection can write V that way at no extra cost:
+V^T = W_v x^T + b_v is a GEMM with M = heads * dim and N = batch * seq whose row-major output
+holds every (batch, head)'s V^T with the keys contiguous, and its bias is a column vector in
+the epilogue. So where V is
 
     v = linear(x, W, b)                       (a V projection)
     v = split(linear(x, W, b), C, -1)[last]   (the last part of a fused QKV projection)
@@ -30,7 +36,9 @@ kernels do not win.
 
 from __future__ import annotations
 
+import math
 import operator
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -199,6 +207,265 @@ def rewrite(
     `arch` (so far `v_transposed`, for TF32 on Hopper). `fact.optimize` and the CLI's
     discover, explain and realize of a problem file both plan the rewritten program. Returns a
     line per rewrite."""
+    lines = attention_inputs_in_place(program)
     if applies_v_transposed(dtype, precision, arch):
-        return v_transposed(program)
-    return []
+        lines += v_transposed(program)
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention inputs read in place: copies in a chain of views dropped
+
+
+class _NotAView(Exception):
+    """The chain's composite is not one strided view of its source."""
+
+
+def _contiguous_modes(shape: Sequence[int]) -> list[list[tuple[int, int]]]:
+    modes, stride = [], 1
+    for n in reversed(shape):
+        modes.append([(n, stride)])
+        stride *= n
+    return modes[::-1]
+
+
+def _regroup(atoms: list[tuple[int, int]], sizes: Sequence[int]) -> list[list[tuple[int, int]]]:
+    """`atoms` (extent, stride), major first, grouped into modes of `sizes` elements, splitting an
+    atom where a size divides it."""
+    atoms = [a for a in atoms if a[0] != 1]
+    modes = []
+    for size in sizes:
+        mode, left = [], size
+        while left > 1:
+            if not atoms:
+                raise _NotAView
+            e, s = atoms.pop(0)
+            if left % e == 0:
+                mode.append((e, s))
+                left //= e
+            elif e % left == 0:
+                mode.append((left, s * (e // left)))
+                atoms.insert(0, (e // left, s))
+                left = 1
+            else:
+                raise _NotAView
+        modes.append(mode or [(1, 0)])
+    if atoms:
+        raise _NotAView
+    return modes
+
+
+def _numel(mode: list[tuple[int, int]]) -> int:
+    return math.prod(e for e, _ in mode)
+
+
+def _apply(modes: list[list[tuple[int, int]]], offset: int, node: fx.Node):
+    """One op of a view chain on a layout over the source's elements (row-major order): the
+    layout's modes, each a list of (extent, stride) atoms (a mode that views merged could not
+    express has several), and the offset of its first element. Raises _NotAView."""
+    t, args = node.target, node.args
+    rank = len(modes)
+    if t in _COPIES:
+        return modes, offset
+    if t in _RESHAPES:
+        sizes = list(value_of(node).shape)
+        atoms = [a for m in modes for a in m]
+        return _regroup(atoms, sizes), offset
+    if t is aten.permute.default:
+        return [modes[d % rank] for d in args[1]], offset
+    if t is aten.transpose.int:
+        a, b = args[1] % rank, args[2] % rank
+        modes = list(modes)
+        modes[a], modes[b] = modes[b], modes[a]
+        return modes, offset
+    if t is aten.unsqueeze.default:
+        d = args[1] % (rank + 1)
+        return modes[:d] + [[(1, 0)]] + modes[d:], offset
+    if t in (aten.squeeze.dim, aten.squeeze.dims):
+        dims = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        drop = {d % rank for d in dims if _numel(modes[d % rank]) == 1}
+        return [m for i, m in enumerate(modes) if i not in drop], offset
+    if t is aten.select.int:
+        d, i = args[1] % rank, args[2]
+        mode = modes[d]
+        i %= _numel(mode)
+        for e, s in reversed(mode):  # the index's digits, minor first
+            offset += (i % e) * s
+            i //= e
+        return modes[:d] + modes[d + 1 :], offset
+    if t is aten.slice.Tensor:
+        d = (args[1] if len(args) > 1 else 0) % rank
+        n = _numel(modes[d])
+        start, end, step = (list(args[2:]) + [None, None, 1])[:3]
+        start, end, _ = slice(start, end, step).indices(n)
+        live = [a for a in modes[d] if a[0] != 1]
+        if len(live) > 1:
+            raise _NotAView
+        s = live[0][1] if live else 0
+        extent = max(0, -(-(end - start) // step))
+        modes = list(modes)
+        modes[d] = [(extent, s * step)]
+        return modes, offset + start * s
+    raise _NotAView
+
+
+# Ops of a chain from a producer to an attention input: views, and copies that change only the
+# layout (in an exported graph `.contiguous()` is a clone).
+_COPIES = {aten.clone.default, aten.contiguous.default, aten.alias.default}
+_RESHAPES = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.unflatten.int,
+    aten.flatten.using_ints,
+}
+_CHAIN = (
+    _COPIES
+    | _RESHAPES
+    | {
+        aten.permute.default,
+        aten.transpose.int,
+        aten.unsqueeze.default,
+        aten.squeeze.dim,
+        aten.squeeze.dims,
+        aten.select.int,
+        aten.slice.Tensor,
+    }
+)
+
+
+def view_chain(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """The nearest ancestor of `node` that is not a view or layout copy, and the chain of ops
+    from it to `node` (first op first)."""
+    chain = []
+    while isinstance(node, fx.Node) and node.op == "call_function" and node.target in _CHAIN:
+        chain.append(node)
+        node = node.args[0]
+    return node, chain[::-1]
+
+
+def in_place_view(source_shape: Sequence[int], chain: Sequence[fx.Node]) -> tuple[list, int]:
+    """The composite of `chain` on a source of `source_shape`, as (sizes, strides) over the
+    source's elements in row-major order and an element offset. Raises _NotAView where the
+    composite is not one strided view (the chain merges dims that stay merged, or slices one)."""
+    modes, offset = _contiguous_modes(source_shape), 0
+    for op in chain:
+        modes, offset = _apply(modes, offset, op)
+    layout = []
+    for mode in modes:
+        live = [a for a in mode if a[0] != 1]
+        if len(live) > 1:
+            raise _NotAView
+        n = _numel(mode)
+        layout.append((n, live[0][1] if live else 0))
+    return layout, offset
+
+
+def view_ops(source_shape: Sequence[int], layout: Sequence[tuple[int, int]], offset: int):
+    """The view (sizes, strides over the row-major source) at `offset`, as ops on the source's
+    values: reshape into digits, select the digits the view does not walk, permute, unsqueeze.
+    Returns [(target, args after the tensor)], or raises _NotAView where the view's strides do
+    not nest (each a multiple of the span of the ones below it)."""
+    total = math.prod(source_shape)
+    walked = sorted(((n, s, i) for i, (n, s) in enumerate(layout) if n != 1), key=lambda a: -a[1])
+    digits: list[tuple[int, int | None]] = []  # (extent, view dim) or (extent, None): selected
+    place = total
+    for n, s, i in walked:
+        if s == 0 or place % (n * s):
+            raise _NotAView
+        if place // (n * s) > 1:
+            digits.append((place // (n * s), None))
+        digits.append((n, i))
+        place = s
+    if place > 1:
+        digits.append((place, None))
+    # the offset, digit by digit: a selected digit takes its index, a walked one must be 0
+    index, rest = [], offset
+    for extent, _ in reversed(digits):
+        index.append(rest % extent)
+        rest //= extent
+    index.reverse()
+    if rest or any(idx and dim is not None for idx, (_, dim) in zip(index, digits, strict=True)):
+        raise _NotAView
+    ops: list[tuple[Any, tuple]] = []
+    sizes = [e for e, _ in digits]
+    if sizes != list(source_shape):
+        ops.append((aten.reshape.default, (sizes,)))
+    kept = [dim for _, dim in digits]
+    for pos in range(len(digits) - 1, -1, -1):
+        if digits[pos][1] is None:
+            ops.append((aten.select.int, (pos, index[pos])))
+            kept.pop(pos)
+    order = sorted(range(len(kept)), key=lambda p: kept[p])
+    if order != list(range(len(kept))):
+        ops.append((aten.permute.default, (order,)))
+    for i, (n, _) in enumerate(layout):
+        if n == 1:
+            ops.append((aten.unsqueeze.default, (i,)))
+    return ops
+
+
+def _stride_order(t: torch.Tensor) -> list[int]:
+    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d))
+
+
+def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str]:
+    """Rewrite `program`'s graph in place so that scaled_dot_product_attention reads Q, K and V
+    as views of the tensors they were cut from, where the graph copied them on the way (a
+    `.contiguous()` before a view that merges dims: nn.MultiheadAttention's packed projection
+    is the case in point, 58 MB copied per call in a ViT-B/16 block at batch 64). Each input's
+    chain of views and copies is replaced by reshape, select and permute ops on its source
+    whenever the chain's composite is one strided view of it, and its memory order is the one
+    the input had (SDPA's output follows its query's order on the GPU, and the ops after it
+    were traced on that). Returns a line per rewritten attention."""
+    gm = program.graph_module
+    sdpas = [n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
+    fake_mode = fake_mode_of(gm) if sdpas else None
+    if fake_mode is None:
+        return []
+    done = []
+    made: dict[tuple, fx.Node] = {}
+    for sdpa in sdpas:
+        names = []
+        add = NodeBuilder(gm.graph, sdpa.prev, fake_mode)
+        for pos in range(3):
+            arg = sdpa.args[pos]
+            source, chain = view_chain(arg)
+            if not any(op.target in _COPIES for op in chain):
+                continue
+            src, old = value_of(source), value_of(arg)
+            if not isinstance(src, torch.Tensor) or not isinstance(old, torch.Tensor):
+                continue
+            if not all(isinstance(d, int) for d in (*src.shape, *old.shape)):
+                continue  # symbolic sizes
+            try:
+                layout, offset = in_place_view(list(src.shape), chain)
+                ops = view_ops(list(src.shape), layout, offset)
+            except _NotAView:
+                continue
+            add.source(arg)
+            add.last = sdpa.prev  # new views go just before the attention
+            added, new = [], source
+            for target, args in ops:  # ops the same as another input's are shared
+                key = (new, target, repr(args))
+                if key not in made:
+                    made[key] = add(target, new, *args)
+                    added.append(made[key])
+                new = made[key]
+            val = value_of(new)
+            if tuple(val.shape) != tuple(old.shape) or _stride_order(val) != _stride_order(old):
+                for node in reversed(added):
+                    gm.graph.erase_node(node)
+                    made = {k: v for k, v in made.items() if v is not node}
+                continue
+            sdpa.replace_input_with(arg, new)
+            for node in reversed(chain):  # the old chain, where nothing else reads it
+                if not node.users:
+                    gm.graph.erase_node(node)
+            names.append(f"{'qkv'[pos]} from {source.name}")
+        if names:
+            done.append(f"{sdpa.name} reads {', '.join(names)} in place (no copy)")
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
