@@ -5,7 +5,7 @@ consumer's kernels read, so that no kernel has to copy between them.
 
 - `attention_inputs_in_place` (every target): scaled_dot_product_attention reads Q, K and V as
   views of the tensors they were cut from where the graph copied them on the way (see its
-  docstring; the layout algebra is `in_place_view` and `view_ops`).
+  docstring; the layout algebra is `chain_layout` and `view_ops`).
 - `v_transposed`, under TF32 on Hopper: attention's V is produced transposed.
 
 Hopper's TF32 WGMMAs read shared memory K-major only, so FACT's TF32 attention kernels
@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fact.fx_build import NodeBuilder, fake_mode_of, value_of
+from fact.fx_build import NodeBuilder, fake_mode_of, take_name, value_of
 
 aten = torch.ops.aten
 
@@ -200,21 +200,8 @@ def v_transposed(program: torch.export.ExportedProgram) -> list[str]:
     return done
 
 
-def rewrite(
-    program: torch.export.ExportedProgram, dtype: torch.dtype, precision: str, arch: str
-) -> list[str]:
-    """Apply, in place, the layout rewrites that pay off for a `dtype` model under `precision` on
-    `arch` (so far `v_transposed`, for TF32 on Hopper). `fact.optimize` and the CLI's
-    discover, explain and realize of a problem file both plan the rewritten program. Returns a
-    line per rewrite."""
-    lines = attention_inputs_in_place(program)
-    if applies_v_transposed(dtype, precision, arch):
-        lines += v_transposed(program)
-    return lines
-
-
 # ---------------------------------------------------------------------------------------------
-# Attention inputs read in place: copies in a chain of views dropped
+# Layout algebra: chains of views and layout copies as one layout over their source
 
 
 class _NotAView(Exception):
@@ -259,16 +246,17 @@ def _numel(mode: list[tuple[int, int]]) -> int:
     return math.prod(e for e, _ in mode)
 
 
-def _apply(modes: list[list[tuple[int, int]]], offset: int, node: fx.Node):
+def _apply(modes: list[list[tuple[int, int]]], offset: int, node: fx.Node, sizes=None):
     """One op of a view chain on a layout over the source's elements (row-major order): the
     layout's modes, each a list of (extent, stride) atoms (a mode that views merged could not
-    express has several), and the offset of its first element. Raises _NotAView."""
+    express has several), and the offset of its first element. A reshape takes the node's
+    traced sizes, or `sizes`. Raises _NotAView."""
     t, args = node.target, node.args
     rank = len(modes)
     if t in _COPIES:
         return modes, offset
     if t in _RESHAPES:
-        sizes = list(value_of(node).shape)
+        sizes = list(value_of(node).shape if sizes is None else sizes)
         atoms = [a for m in modes for a in m]
         return _regroup(atoms, sizes), offset
     if t is aten.permute.default:
@@ -344,38 +332,53 @@ def view_chain(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
     return node, chain[::-1]
 
 
-def in_place_view(source_shape: Sequence[int], chain: Sequence[fx.Node]) -> tuple[list, int]:
-    """The composite of `chain` on a source of `source_shape`, as (sizes, strides) over the
-    source's elements in row-major order and an element offset. Raises _NotAView where the
-    composite is not one strided view (the chain merges dims that stay merged, or slices one)."""
+def chain_layout(source_shape: Sequence[int], chain: Sequence[fx.Node]) -> tuple[list, int]:
+    """The composite of `chain` on a source of `source_shape`: its modes (one per dim, each a
+    list of (extent, stride) atoms over the source's elements in row-major order, major first;
+    a dim the chain merged from ones no view can merge has several) and an element offset.
+    Raises _NotAView where the chain cuts a merged dim (a slice of one, an unaligned view)."""
     modes, offset = _contiguous_modes(source_shape), 0
     for op in chain:
         modes, offset = _apply(modes, offset, op)
-    layout = []
-    for mode in modes:
-        live = [a for a in mode if a[0] != 1]
-        if len(live) > 1:
-            raise _NotAView
-        n = _numel(mode)
-        layout.append((n, live[0][1] if live else 0))
-    return layout, offset
+    return modes, offset
 
 
-def view_ops(source_shape: Sequence[int], layout: Sequence[tuple[int, int]], offset: int):
-    """The view (sizes, strides over the row-major source) at `offset`, as ops on the source's
-    values: reshape into digits, select the digits the view does not walk, permute, unsqueeze.
-    Returns [(target, args after the tensor)], or raises _NotAView where the view's strides do
-    not nest (each a multiple of the span of the ones below it)."""
+def _copies_at(val: torch.Tensor, ops) -> bool:
+    """Whether `ops` (view_ops's) on a tensor laid out as `val` copy anywhere, or leave rows
+    that are not one row-major matrix (what a GEMM reads)."""
+    t = torch.empty_strided(tuple(val.shape), tuple(val.stride()), device="meta")
+    try:
+        for target, args in ops:
+            t = t.view(*args) if target is aten.reshape.default else target(t, *args)
+        t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return True
+    return t.stride(-1) != 1
+
+
+def is_view(modes: Sequence[list[tuple[int, int]]]) -> bool:
+    """Whether a layout is one strided view: no dim of several atoms."""
+    return all(len([a for a in mode if a[0] != 1]) <= 1 for mode in modes)
+
+
+def view_ops(source_shape: Sequence[int], modes: Sequence[list[tuple[int, int]]], offset: int):
+    """A layout over a row-major source (chain_layout's), as ops on the source's values: reshape
+    into digits, select the digits the layout does not walk, permute, and reshape to the
+    layout's sizes where its dims merge digits (or are unit dims). Each op is a view of a source
+    laid out row-major (a source laid out otherwise makes a reshape copy, never a wrong read).
+    Returns [(target, args after the tensor)], or raises _NotAView where the strides do not
+    nest (each a multiple of the span of the ones below it)."""
     total = math.prod(source_shape)
-    walked = sorted(((n, s, i) for i, (n, s) in enumerate(layout) if n != 1), key=lambda a: -a[1])
-    digits: list[tuple[int, int | None]] = []  # (extent, view dim) or (extent, None): selected
+    atoms = [(e, s, (dim, k)) for dim, mode in enumerate(modes) for k, (e, s) in enumerate(mode)]
+    walked = sorted((a for a in atoms if a[0] != 1), key=lambda a: -a[1])
+    digits: list[tuple[int, Any]] = []  # (extent, (dim, atom)) or (extent, None): selected
     place = total
-    for n, s, i in walked:
+    for n, s, where in walked:
         if s == 0 or place % (n * s):
             raise _NotAView
         if place // (n * s) > 1:
             digits.append((place // (n * s), None))
-        digits.append((n, i))
+        digits.append((n, where))
         place = s
     if place > 1:
         digits.append((place, None))
@@ -385,39 +388,38 @@ def view_ops(source_shape: Sequence[int], layout: Sequence[tuple[int, int]], off
         index.append(rest % extent)
         rest //= extent
     index.reverse()
-    if rest or any(idx and dim is not None for idx, (_, dim) in zip(index, digits, strict=True)):
+    if rest or any(idx and w is not None for idx, (_, w) in zip(index, digits, strict=True)):
         raise _NotAView
     ops: list[tuple[Any, tuple]] = []
     sizes = [e for e, _ in digits]
     if sizes != list(source_shape):
         ops.append((aten.reshape.default, (sizes,)))
-    kept = [dim for _, dim in digits]
+    kept = [(e, w) for e, w in digits]
     for pos in range(len(digits) - 1, -1, -1):
         if digits[pos][1] is None:
             ops.append((aten.select.int, (pos, index[pos])))
             kept.pop(pos)
-    order = sorted(range(len(kept)), key=lambda p: kept[p])
+    order = sorted(range(len(kept)), key=lambda p: kept[p][1])
     if order != list(range(len(kept))):
         ops.append((aten.permute.default, (order,)))
-    for i, (n, _) in enumerate(layout):
-        if n == 1:
-            ops.append((aten.unsqueeze.default, (i,)))
+    final = [_numel(mode) for mode in modes]
+    if [kept[p][0] for p in order] != final:
+        ops.append((aten.reshape.default, (final,)))
     return ops
 
 
-def _stride_order(t: torch.Tensor) -> list[int]:
-    return sorted(range(t.dim()), key=lambda d: (-t.stride(d), -d))
-
-
-def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str]:
+def attention_inputs_in_place(
+    program: torch.export.ExportedProgram, changed: list[fx.Node]
+) -> list[str]:
     """Rewrite `program`'s graph in place so that scaled_dot_product_attention reads Q, K and V
     as views of the tensors they were cut from, where the graph copied them on the way (a
     `.contiguous()` before a view that merges dims: nn.MultiheadAttention's packed projection
     is the case in point, 58 MB copied per call in a ViT-B/16 block at batch 64). Each input's
     chain of views and copies is replaced by reshape, select and permute ops on its source
-    whenever the chain's composite is one strided view of it, and its memory order is the one
-    the input had (SDPA's output follows its query's order on the GPU, and the ops after it
-    were traced on that). Returns a line per rewritten attention."""
+    whenever the chain's composite is one strided view of it. The memory order of Q, and with
+    it that of SDPA's output, can change (Hugging Face's `.contiguous()` heads): each rewritten
+    attention is appended to `changed`, for `after_layout_changes`. Returns a line per
+    rewritten attention."""
     gm = program.graph_module
     sdpas = [n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
     fake_mode = fake_mode_of(gm) if sdpas else None
@@ -439,8 +441,10 @@ def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str
             if not all(isinstance(d, int) for d in (*src.shape, *old.shape)):
                 continue  # symbolic sizes
             try:
-                layout, offset = in_place_view(list(src.shape), chain)
-                ops = view_ops(list(src.shape), layout, offset)
+                modes, offset = chain_layout(list(src.shape), chain)
+                if not is_view(modes):
+                    continue
+                ops = view_ops(list(src.shape), modes, offset)
             except _NotAView:
                 continue
             add.source(arg)
@@ -453,7 +457,7 @@ def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str
                     added.append(made[key])
                 new = made[key]
             val = value_of(new)
-            if tuple(val.shape) != tuple(old.shape) or _stride_order(val) != _stride_order(old):
+            if tuple(val.shape) != tuple(old.shape):
                 for node in reversed(added):
                     gm.graph.erase_node(node)
                     made = {k: v for k, v in made.items() if v is not node}
@@ -465,7 +469,217 @@ def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str
             names.append(f"{'qkv'[pos]} from {source.name}")
         if names:
             done.append(f"{sdpa.name} reads {', '.join(names)} in place (no copy)")
-    if done:
-        gm.graph.lint()
-        gm.recompile()
+            changed.append(sdpa)
     return done
+
+
+def linears_before_permutes(
+    program: torch.export.ExportedProgram, changed: list[fx.Node]
+) -> list[str]:
+    """Rewrite `program`'s graph in place so that a linear over a permuted view of a contiguous
+    tensor, the permutation keeping the last dim last, becomes that permutation of the linear
+    over the tensor: each row of a linear's output depends on its own input row only, so the
+    value is the same. nn.MultiheadAttention, batch first, projects `query.transpose(1, 0)`:
+    PyTorch's linear copies such an input and adds the bias in a kernel of its own (23 and 117
+    us of a ViT-B/16 block at batch 64 on the H200), and FACT's GEMMs read row- or column-major
+    operands only. The permuted results are appended to `changed` (what follows them sees
+    another memory order), for `after_layout_changes`. Returns a line per rewrite."""
+    gm = program.graph_module
+    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
+    fake_mode = fake_mode_of(gm) if linears else None
+    if fake_mode is None:
+        return []
+    done = []
+    for linear in linears:
+        perm = linear.args[0]
+        if not isinstance(perm, fx.Node) or perm.target not in (
+            aten.transpose.int,
+            aten.permute.default,
+        ):
+            continue
+        src, val = value_of(perm.args[0]), value_of(perm)
+        if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor):
+            continue
+        rank = src.dim()
+        if perm.target is aten.transpose.int:
+            dims = list(range(rank))
+            a, b = perm.args[1] % rank, perm.args[2] % rank
+            dims[a], dims[b] = dims[b], dims[a]
+        else:
+            dims = [d % rank for d in perm.args[1]]
+        if rank < 3 or dims[-1] != rank - 1 or not src.is_contiguous() or val.is_contiguous():
+            continue
+        add = NodeBuilder(gm.graph, linear, fake_mode)
+        rows = add(aten.linear.default, perm.args[0], *linear.args[1:])
+        out = add(aten.permute.default, rows, dims)
+        linear.replace_all_uses_with(out)
+        name = linear.name
+        gm.graph.erase_node(linear)
+        if not perm.users:
+            gm.graph.erase_node(perm)
+        take_name(rows, name)
+        changed.append(out)
+        done.append(f"{rows.name} projects {rows.args[0].name} before its permute {dims}")
+    return done
+
+
+_ROW_OPS = _RESHAPES | {
+    aten.permute.default,
+    aten.transpose.int,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+}
+
+
+def _rows_after(linear: fx.Node) -> list[fx.Node]:
+    """The layout ops after `linear`, one user at a time, that rearrange its rows and keep its
+    last dim (the output features) last and whole."""
+    chain, node = [], linear
+    out = value_of(linear).shape[-1]
+    while len(node.users) == 1:
+        (user,) = node.users
+        val = value_of(user)
+        if user.target not in _ROW_OPS or user.args[0] is not node or user.kwargs:
+            break
+        if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[-1] != out:
+            break
+        rank = value_of(node).dim()
+        if user.target is aten.permute.default and user.args[1][-1] % rank != rank - 1:
+            break
+        if user.target is aten.transpose.int and rank - 1 in {d % rank for d in user.args[1:]}:
+            break
+        chain.append(user)
+        node = user
+    return chain
+
+
+def _copied(node: fx.Node) -> bool:
+    """Whether a traced reshape or layout copy copied (its input's strides allow no view)."""
+    val = value_of(node.args[0])
+    if not isinstance(val, torch.Tensor):
+        return False
+    if node.target in _COPIES:
+        return not val.is_contiguous()
+    if node.target not in _RESHAPES:
+        return False
+    t = torch.empty_strided(tuple(val.shape), tuple(val.stride()), device="meta")
+    try:
+        t.view(tuple(value_of(node).shape))
+    except RuntimeError:
+        return True
+    return False
+
+
+def linears_between_permutes(
+    program: torch.export.ExportedProgram, changed: list[fx.Node]
+) -> list[str]:
+    """Rewrite `program`'s graph in place so that a linear whose rows are rearranged before it
+    (permutes and reshapes of the leading dims) and after it reads them in the order its result
+    is used in. nn.MultiheadAttention's output projection is the case in point: its input is
+    the attention's (batch, heads, seq, dim) permuted to (seq, batch) rows, its result viewed
+    and transposed back to (batch, seq); read as (batch, seq) rows straight from the attention
+    (a view where the attention wrote (batch, seq, heads, dim)), the copy before the linear is
+    gone and its result is contiguous, so the residual add after it folds into its epilogue.
+    Each row of a linear's output depends on its own input row only, so the value is the same.
+    Applied where the traced layouts make the new input a view and the old chain copied (or
+    left the result strided). The new linears are appended to `changed`. Returns a line per
+    rewrite."""
+    gm = program.graph_module
+    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
+    fake_mode = fake_mode_of(gm) if linears else None
+    if fake_mode is None:
+        return []
+    done = []
+    for linear in linears:
+        after = _rows_after(linear)
+        source, before = view_chain(linear.args[0])
+        src, x = value_of(source), value_of(linear.args[0])
+        if not after or not before or not isinstance(src, torch.Tensor):
+            continue
+        if not all(isinstance(d, int) for d in (*src.shape, *value_of(after[-1]).shape)):
+            continue
+        copied = not x.is_contiguous() or any(_copied(op) for op in before)
+        if not copied and value_of(after[-1]).is_contiguous():
+            continue
+        try:
+            modes, offset = chain_layout(list(src.shape), before)
+            modes, offset = _replay(modes, offset, after, x.shape[-1])
+            ops = view_ops(list(src.shape), modes, offset)
+        except _NotAView:
+            continue
+        if _copies_at(src, ops) or [_numel(m) for m in modes[:-1]] != list(
+            value_of(after[-1]).shape[:-1]
+        ):
+            continue
+        add = NodeBuilder(gm.graph, linear, fake_mode)
+        add.source(linear)
+        rows = source
+        for target, args in ops:
+            rows = add(target, rows, *args)
+        new = add(aten.linear.default, rows, *linear.args[1:])
+        after[-1].replace_all_uses_with(new)
+        name = linear.name
+        for node in [*reversed(after), linear, *reversed(before)]:
+            if not node.users:
+                gm.graph.erase_node(node)
+        take_name(new, name)
+        changed.append(new)
+        done.append(
+            f"{new.name} reads its rows from {source.name} in the order of its result "
+            f"{list(value_of(new).shape)}"
+        )
+    return done
+
+
+def _replay(modes, offset, after: Sequence[fx.Node], features: int):
+    """`after` (the layout ops after a linear) replayed on the linear's input layout: the same
+    rearrangement of rows, with `features` input features for the output ones."""
+    for op in after:
+        sizes = [*value_of(op).shape[:-1], features] if op.target in _RESHAPES else None
+        modes, offset = _apply(modes, offset, op, sizes)
+    return modes, offset
+
+
+def after_layout_changes(gm: fx.GraphModule, changed: Sequence[fx.Node]) -> None:
+    """After rewrites that change the memory order of `changed`: every `view` downstream of them
+    becomes a `reshape` (the same view wherever the strides allow one, a copy where they do
+    not: the graph is functional, nothing writes through a view), and every node's traced
+    value is computed again, so that the plan reads the layouts the graph now has."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    seen, todo = set(), list(changed)
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+                if user.target is aten.view.default:
+                    user.target = aten.reshape.default
+    gm.graph.lint()
+    gm.recompile()
+    fake_mode = fake_mode_of(gm)
+    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*inputs)
+
+
+def rewrite(
+    program: torch.export.ExportedProgram, dtype: torch.dtype, precision: str, arch: str
+) -> list[str]:
+    """Apply, in place, the layout rewrites that pay off for a `dtype` model under `precision` on
+    `arch`: on every target `linears_before_permutes`, `attention_inputs_in_place` and
+    `linears_between_permutes`, then `v_transposed` for TF32 on Hopper. `fact.optimize` and
+    the CLI's discover, explain and realize of a problem file both plan the rewritten program.
+    Returns a line per rewrite."""
+    changed: list[fx.Node] = []
+    lines = linears_before_permutes(program, changed)
+    lines += attention_inputs_in_place(program, changed)
+    if changed:  # the attentions' outputs may now be laid out otherwise: traced again first
+        after_layout_changes(program.graph_module, changed)
+        changed = []
+    lines += linears_between_permutes(program, changed)
+    if changed:
+        after_layout_changes(program.graph_module, changed)
+    if applies_v_transposed(dtype, precision, arch):
+        lines += v_transposed(program)
+    return lines

@@ -192,10 +192,10 @@ ZOO = {
         ("horizontal_gemm", ("bias",)): 1,
         ("attention", ("scale", "causal_mask", "softmax")): 1,
     },
-    "vit": {  # nn.MultiheadAttention's export: in_proj, SDPA, out_proj on (seq, batch) rows
-        ("gemm", ("bias",)): 2,
+    "vit": {  # nn.MultiheadAttention's export, its rows in (batch, seq) order (fact.layouts):
+        ("gemm", ("bias",)): 1,  # in_proj
         ("gemm", ("bias", "gelu_erf")): 1,
-        ("gemm", ("bias", "residual")): 1,
+        ("gemm", ("bias", "residual")): 2,  # out_proj + the first residual add; fc2
         ("attention", ("scale", "softmax")): 1,
         ("norm", ("weight", "bias")): 2,
     },
@@ -215,18 +215,13 @@ def test_zoo_block(engine_available, tmp_path, name):
     # when they change
     once = [n["name"] for n in plan["pytorch_nodes"] if n.get("once")]
     assert once == (["to_1", "add_1", "to_5", "add_6"] if name == "gemma" else [])
-    # ViT: the packed in-projection's contiguous() copy, which the attention reads, and the
-    # first residual add, which reads the out-projection through a (seq, batch) transpose
     # CLIP: the copies that fold the heads into bmm's batch, (b, h, s, d).contiguous(), which
     # the attention reads
-    expected_left = {
-        "vit": ["contiguous", "add"],
-        "clip": ["contiguous", "contiguous_1", "contiguous_2"],
-    }
+    expected_left = {"clip": ["contiguous", "contiguous_1", "contiguous_2"]}
     assert left == expected_left.get(name, [])
     attn = only(plan, "attention")
-    if name == "vit":  # Q, K, V read from the copy MHA's packed in-projection makes
-        assert {attn["attrs"][f"{t}_source"] for t in "qkv"} == {"contiguous"}
+    if name == "vit":  # Q, K, V read in place from MHA's packed in-projection (fact.layouts)
+        assert {attn["attrs"][f"{t}_source"] for t in "qkv"} == {"linear"}
     if "bias" in attn["epilogue"]:
         assert attn["operands"][-1]["role"] == "bias"
     if name == "gemma":  # one KV head read by all eight query heads, in place

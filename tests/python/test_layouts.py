@@ -1,6 +1,6 @@
-"""fact.layouts.attention_inputs_in_place: SDPA reads Q, K and V as views of the tensor they were
-cut from where the exported graph copied them on the way (nn.MultiheadAttention's packed
-projection), and leaves alone what it cannot read in place or would change the layout of."""
+"""fact.layouts' rewrites on every target: linears before and between permutes, and SDPA reading Q,
+K and V in place, where the exported graph copied them (nn.MultiheadAttention, batch first);
+the layout algebra under them (chain_layout, view_ops); and what they leave alone."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from fact.layouts import _NotAView, attention_inputs_in_place, view_chain, view_ops
+from fact import layouts
+from fact.layouts import _NotAView, view_chain, view_ops
 from fact.tracer import export_module
 
 aten = torch.ops.aten
@@ -60,6 +61,18 @@ class Scrambled(nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, q, q)
 
 
+def rewrite(program):
+    return layouts.rewrite(program, torch.float32, "highest", "sm90")
+
+
+def same_function(program, before, shape):
+    with torch.no_grad():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            y = torch.randn(shape)
+            assert torch.equal(program.module()(y), before(y))
+
+
 def graph_targets(program):
     return [n.target for n in program.graph_module.graph.nodes if n.op == "call_function"]
 
@@ -68,54 +81,85 @@ def copies(program):
     return [t for t in graph_targets(program) if t in COPIES]
 
 
-def test_multihead_attention_reads_its_packed_projection_in_place():
-    """The exported nn.MultiheadAttention copies its packed projection (`.contiguous()` of the
-    (3, seq, batch, dim) view) so that it can view each part as (seq, batch * heads, head_dim).
-    Rewritten, SDPA reads each part as a view of the projection: the copy is gone, the memory
-    order of Q, K and V (and so of SDPA's output) is the one traced, and the module computes
-    exactly what the exported one did."""
+def test_multihead_attention_runs_without_copies():
+    """The exported nn.MultiheadAttention (batch first) projects the transposed query (PyTorch
+    copies it, and adds the bias in a kernel of its own), copies its packed projection so that
+    it can view each part as (seq, batch * heads, head_dim), and projects the output in (seq,
+    batch) row order, transposed back afterwards. Rewritten: the projection reads the query as
+    it is, SDPA reads each part as a view of the projection, the output projection reads the
+    attention's rows in (batch, seq) order and the residual add reads its result directly. No
+    copy is left, and the module computes exactly what the exported one did."""
     torch.manual_seed(0)
     model, x = PackedMha().eval(), torch.randn(3, 5, 32)
     program = export_module(model, [x])
     before = program.module()
-    assert copies(program)
-    old = [a.meta["val"] for a in next(n for n in program.graph.nodes if n.target is SDPA).args]
+    assert copies(program) and aten.transpose.int in graph_targets(program)
 
-    (line,) = attention_inputs_in_place(program)
+    lines = rewrite(program)
 
-    assert "reads q from linear, k from linear, v from linear in place" in line
-    assert not copies(program)
-    (sdpa,) = (n for n in program.graph.nodes if n.target is SDPA)
+    assert lines == [
+        "linear projects x before its permute [1, 0, 2]",
+        "scaled_dot_product_attention reads q from linear, k from linear, v from linear in "
+        "place (no copy)",
+        "linear_1 reads its rows from scaled_dot_product_attention in the order of its result "
+        "[3, 5, 32]",
+    ]
+    assert not copies(program) and aten.transpose.int not in graph_targets(program)
+    g = program.graph
+    (sdpa,) = (n for n in g.nodes if n.target is SDPA)
     (reshape,) = {view_chain(arg)[1][0] for arg in sdpa.args[:3]}  # one, shared
-    assert reshape.meta["val"].shape == (5, 3, 3, 4, 8)  # (seq, batch, part, heads, head_dim)
-    for pos, (arg, val) in enumerate(zip(sdpa.args[:3], old, strict=True)):
+    assert reshape.meta["val"].shape == (3, 5, 3, 4, 8)  # (batch, seq, part, heads, head_dim)
+    for pos, arg in enumerate(sdpa.args[:3]):
         source, chain = view_chain(arg)
-        assert source.target is aten.linear.default
+        assert source.name == "linear" and source.args[0].name == "x"
         assert [op.target for op in chain] == [
             aten.reshape.default, aten.select.int, aten.permute.default
         ]  # fmt: skip
         assert chain[1].args[1:] == (2, pos)
-        new = arg.meta["val"]
-        assert new.shape == val.shape
-        assert sorted(range(4), key=lambda d: -new.stride(d)) == sorted(
-            range(4), key=lambda d: -val.stride(d)
-        )
-    with torch.no_grad():
-        for seed in (1, 2):
-            torch.manual_seed(seed)
-            y = torch.randn(3, 5, 32)
-            assert torch.equal(program.module()(y), before(y))
+        assert arg.meta["val"].stride() == (5 * 96, 8, 96, 1)
+    (out_proj,) = (n for n in g.nodes if n.name == "linear_1")
+    assert view_chain(out_proj.args[0])[0] is sdpa
+    assert out_proj.meta["val"].is_contiguous()
+    (add,) = (n for n in g.nodes if n.target is aten.add.Tensor)
+    assert add.args[1] is out_proj
+    same_function(program, before, (3, 5, 32))
 
 
-def test_heads_made_contiguous_are_left_as_traced():
-    """Read in place, Q would be in (batch, seq, heads, dim) order where the traced graph had
-    (batch, heads, seq, dim), and SDPA's output follows its query's order on the GPU: the ops
-    after it were traced on the old one, so nothing is rewritten."""
+def test_heads_made_contiguous_are_read_in_place():
+    """Hugging Face's `.contiguous()` heads: read in place, Q's memory order (and so SDPA's
+    output's) becomes (batch, seq, heads, dim); the graph's values are traced again."""
     model, x = ContiguousHeads().eval(), torch.randn(2, 6, 32)
     program = export_module(model, [x])
-    before = graph_targets(program)
+    before = program.module()
     assert copies(program)
-    assert attention_inputs_in_place(program) == []
+    (line,) = rewrite(program)
+    assert line == (
+        "scaled_dot_product_attention reads q from getitem, k from getitem_1, v from getitem_2 "
+        "in place (no copy)"
+    )
+    assert not copies(program)
+    (sdpa,) = (n for n in program.graph.nodes if n.target is SDPA)
+    assert sdpa.args[0].meta["val"].stride() == (6 * 96, 8, 96, 1)
+    assert sdpa.meta["val"].stride() == (6 * 32, 8, 32, 1)  # traced again
+    same_function(program, before, (2, 6, 32))
+
+
+class LastDimMoved(nn.Module):
+    """A linear over a transpose that moves the features: not a rearrangement of rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 8)
+
+    def forward(self, x):  # x: (batch, 6, seq=6)
+        return self.proj(x.transpose(1, 2)).transpose(1, 2)
+
+
+def test_a_linear_over_moved_features_is_left_as_traced():
+    model, x = LastDimMoved().eval(), torch.randn(2, 6, 6)
+    program = export_module(model, [x])
+    before = graph_targets(program)
+    assert rewrite(program) == []
     assert graph_targets(program) == before
 
 
@@ -123,7 +167,7 @@ def test_a_chain_that_is_no_strided_view_is_left_as_traced():
     model, x = Scrambled().eval(), torch.randn(2, 5, 32)
     program = export_module(model, [x])
     before = graph_targets(program)
-    assert attention_inputs_in_place(program) == []
+    assert rewrite(program) == []
     assert graph_targets(program) == before
 
 
@@ -131,13 +175,21 @@ def test_view_ops_spell_a_strided_view_as_reshape_select_permute():
     """ViT-B/16's K at batch 64: the (seq, batch, 3 * dim) projection read as (batch, heads,
     seq, head_dim) at offset 768 (the second part)."""
     layout = [(64, 2304), (12, 64), (197, 64 * 2304), (64, 1)]
-    assert view_ops((197, 64, 2304), layout, 768) == [
+    assert view_ops((197, 64, 2304), [[a] for a in layout], 768) == [
         (aten.reshape.default, ([197, 64, 3, 12, 64],)),
         (aten.select.int, (2, 1)),
         (aten.permute.default, ([1, 2, 0, 3],)),
     ]
-    # a unit dim is unsqueezed where the view has it; nothing to reshape or permute
-    assert view_ops((4, 6), [(4, 6), (1, 0), (6, 1)], 0) == [(aten.unsqueeze.default, (1,))]
+    # a unit dim: the source reshaped to the sizes
+    assert view_ops((4, 6), [[(4, 6)], [(1, 0)], [(6, 1)]], 0) == [
+        (aten.reshape.default, ([4, 1, 6],))
+    ]
+    # a dim of two atoms (heads and head_dim of (batch, heads, seq, dim), merged after the
+    # seq): permuted, then merged by a reshape (a view where the source is laid out (b, s, h, d))
+    assert view_ops((2, 3, 5, 4), [[(2, 60)], [(5, 4)], [(3, 20), (4, 1)]], 0) == [
+        (aten.permute.default, ([0, 2, 1, 3],)),
+        (aten.reshape.default, ([2, 5, 12],)),
+    ]
     src = torch.arange(197 * 64 * 2304).view(197, 64, 2304)
     t = src.reshape(197, 64, 3, 12, 64).select(2, 1).permute(1, 2, 0, 3)
     assert t.stride() == tuple(s for _, s in layout) and t.storage_offset() == 768
@@ -153,4 +205,4 @@ def test_view_ops_spell_a_strided_view_as_reshape_select_permute():
 )
 def test_view_ops_refuse_what_is_no_view_of_the_source(layout, offset):
     with pytest.raises(_NotAView):
-        view_ops((4, 6), layout, offset)
+        view_ops((4, 6), [[a] for a in layout], offset)
