@@ -320,6 +320,45 @@ def test_generated_norm_kernels_match_eager(tmp_path):
     assert (out == ref).float().mean() > 0.9
 
 
+class BatchFirstMha(nn.Module):
+    """ViT's attention: nn.MultiheadAttention, batch first, and the residual add after it."""
+
+    def __init__(self, d: int = 256, heads: int = 4):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+
+    def forward(self, x):
+        return x + self.attn(x, x, x, need_weights=False)[0]
+
+
+def test_multihead_attention_projections_run_generated_kernels(tmp_path):
+    """After fact.layouts' rewrites, nn.MultiheadAttention's projections are GEMMs over
+    row-major (batch, seq) rows, the output projection with the residual add in its epilogue;
+    SDPA reads the packed projection in place (no copy left in the graph), and the module
+    matches eager's fused path."""
+    torch.manual_seed(2)
+    model = BatchFirstMha().cuda().to(torch.bfloat16).eval()
+    x = torch.randn(16, 197, 256, device="cuda", dtype=torch.bfloat16)
+    opt = fact.optimize(
+        model, [x], candidates=1, run_dir=tmp_path / "run", quiet=True, require_faster=False
+    )
+    gemms = [p for p in opt.report["patterns"] if p["family"] == "gemm"]
+    assert sorted(p["signature"].split(":")[0] for p in gemms) == [
+        "gemm[bias+residual]",
+        "gemm[bias]",
+    ]
+    assert all(p["chosen"].startswith("cutlass:") for p in gemms), [p["chosen"] for p in gemms]
+    aten = torch.ops.aten
+    targets = {n.target for n in opt.graph_module.graph.nodes if n.op == "call_function"}
+    assert not targets & {aten.clone.default, aten.contiguous.default, aten.transpose.int}
+    opt.use_original = False  # the composed module, whatever the last guard chose
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        y = torch.randn_like(x)
+        with torch.no_grad():
+            assert rel_err(opt(y), model(y)) < 2e-2
+
+
 class PreNormMlp(nn.Module):
     """x + down(gelu(up(layer_norm(x)))): the LayerNorm folds into the up projection."""
 
