@@ -343,17 +343,27 @@ def chain_layout(source_shape: Sequence[int], chain: Sequence[fx.Node]) -> tuple
     return modes, offset
 
 
-def _copies_at(val: torch.Tensor, ops) -> bool:
-    """Whether `ops` (view_ops's) on a tensor laid out as `val` copy anywhere, or leave rows
-    that are not one row-major matrix (what a GEMM reads)."""
+def _view_at(val: torch.Tensor, ops) -> torch.Tensor | None:
+    """`ops` (view_ops's) on a tensor laid out as `val`, on the meta device: the result, or None
+    where one of them would copy."""
     t = torch.empty_strided(tuple(val.shape), tuple(val.stride()), device="meta")
     try:
         for target, args in ops:
             t = t.view(*args) if target is aten.reshape.default else target(t, *args)
+    except RuntimeError:
+        return None
+    return t
+
+
+def _rows(t: torch.Tensor | None) -> bool:
+    """Whether `t` is one row-major matrix over its last dim (what a GEMM reads)."""
+    if t is None or t.stride(-1) != 1:
+        return False
+    try:
         t.view(-1, t.shape[-1])
     except RuntimeError:
-        return True
-    return t.stride(-1) != 1
+        return False
+    return True
 
 
 def is_view(modes: Sequence[list[tuple[int, int]]]) -> bool:
@@ -447,6 +457,8 @@ def attention_inputs_in_place(
                 ops = view_ops(list(src.shape), modes, offset)
             except _NotAView:
                 continue
+            if _view_at(src, ops) is None:
+                continue  # the source is laid out so that reading it so would copy too
             add.source(arg)
             add.last = sdpa.prev  # new views go just before the attention
             added, new = [], source
@@ -541,7 +553,7 @@ def _rows_after(linear: fx.Node) -> list[fx.Node]:
         val = value_of(user)
         if user.target not in _ROW_OPS or user.args[0] is not node or user.kwargs:
             break
-        if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[-1] != out:
+        if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[-1] != out or out < 2:
             break
         rank = value_of(node).dim()
         if user.target is aten.permute.default and user.args[1][-1] % rank != rank - 1:
@@ -607,7 +619,7 @@ def linears_between_permutes(
             ops = view_ops(list(src.shape), modes, offset)
         except _NotAView:
             continue
-        if _copies_at(src, ops) or [_numel(m) for m in modes[:-1]] != list(
+        if not _rows(_view_at(src, ops)) or [_numel(m) for m in modes[:-1]] != list(
             value_of(after[-1]).shape[:-1]
         ):
             continue
@@ -643,24 +655,25 @@ def _replay(modes, offset, after: Sequence[fx.Node], features: int):
 def after_layout_changes(gm: fx.GraphModule, changed: Sequence[fx.Node]) -> None:
     """After rewrites that change the memory order of `changed`: every `view` downstream of them
     becomes a `reshape` (the same view wherever the strides allow one, a copy where they do
-    not: the graph is functional, nothing writes through a view), and every node's traced
-    value is computed again, so that the plan reads the layouts the graph now has."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    seen, todo = set(), list(changed)
+    not: the graph is functional, nothing writes through a view), and the traced values of
+    `changed` and of each node downstream are computed again, so that the plan reads the
+    layouts the graph now has."""
+    fake_mode = fake_mode_of(gm)
+    seen, todo = set(changed), list(changed)
     while todo:
-        node = todo.pop()
-        for user in node.users:
+        for user in todo.pop().users:
             if user not in seen:
                 seen.add(user)
                 todo.append(user)
                 if user.target is aten.view.default:
                     user.target = aten.reshape.default
+    for node in gm.graph.nodes:  # in order: each one's inputs are traced before it
+        if node in seen and node.op == "call_function":
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), value_of)
+            with fake_mode:
+                node.meta["val"] = node.target(*args, **kwargs)
     gm.graph.lint()
     gm.recompile()
-    fake_mode = fake_mode_of(gm)
-    inputs = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*inputs)
 
 
 def rewrite(
