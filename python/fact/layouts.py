@@ -93,7 +93,10 @@ def _heads_transpose(node: fx.Node) -> bool:
 def _match(v4: fx.Node) -> dict[str, Any] | None:
     """The projection behind attention V `v4` (a heads transpose), or None."""
     view = v4.args[0]
-    if not isinstance(view, fx.Node) or view.target is not aten.view.default:
+    if not isinstance(view, fx.Node) or view.target not in (
+        aten.view.default,
+        aten.reshape.default,  # a view after a layout rewrite (after_layout_changes)
+    ):
         return None
     if _only_user(view) is not v4:
         return None
@@ -284,7 +287,9 @@ def _apply(modes: list[list[tuple[int, int]]], offset: int, node: fx.Node, sizes
     if t is aten.slice.Tensor:
         d = (args[1] if len(args) > 1 else 0) % rank
         n = _numel(modes[d])
-        start, end, step = (list(args[2:]) + [None, None, 1])[:3]
+        start = args[2] if len(args) > 2 else None
+        end = args[3] if len(args) > 3 else None
+        step = (args[4] if len(args) > 4 else None) or 1  # export leaves a step of 1 out
         start, end, _ = slice(start, end, step).indices(n)
         live = [a for a in modes[d] if a[0] != 1]
         if len(live) > 1:
@@ -418,18 +423,15 @@ def view_ops(source_shape: Sequence[int], modes: Sequence[list[tuple[int, int]]]
     return ops
 
 
-def attention_inputs_in_place(
-    program: torch.export.ExportedProgram, changed: list[fx.Node]
-) -> list[str]:
+def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str]:
     """Rewrite `program`'s graph in place so that scaled_dot_product_attention reads Q, K and V
     as views of the tensors they were cut from, where the graph copied them on the way (a
     `.contiguous()` before a view that merges dims: nn.MultiheadAttention's packed projection
     is the case in point, 58 MB copied per call in a ViT-B/16 block at batch 64). Each input's
     chain of views and copies is replaced by reshape, select and permute ops on its source
-    whenever the chain's composite is one strided view of it. The memory order of Q, and with
-    it that of SDPA's output, can change (Hugging Face's `.contiguous()` heads): each rewritten
-    attention is appended to `changed`, for `after_layout_changes`. Returns a line per
-    rewritten attention."""
+    whenever the chain's composite is one strided view of it with the head dim contiguous. The
+    memory order of Q, and with it that of SDPA's output, can change (Hugging Face's
+    `.contiguous()` heads; after_layout_changes). Returns a line per rewritten attention."""
     gm = program.graph_module
     sdpas = [n for n in gm.graph.nodes if n.target is aten.scaled_dot_product_attention.default]
     fake_mode = fake_mode_of(gm) if sdpas else None
@@ -457,8 +459,9 @@ def attention_inputs_in_place(
                 ops = view_ops(list(src.shape), modes, offset)
             except _NotAView:
                 continue
-            if _view_at(src, ops) is None:
-                continue  # the source is laid out so that reading it so would copy too
+            read = _view_at(src, ops)
+            if read is None or read.stride(-1) != 1:
+                continue  # the source is laid out so that this would copy, or read a strided dim
             add.source(arg)
             add.last = sdpa.prev  # new views go just before the attention
             added, new = [], source
@@ -481,21 +484,24 @@ def attention_inputs_in_place(
             names.append(f"{'qkv'[pos]} from {source.name}")
         if names:
             done.append(f"{sdpa.name} reads {', '.join(names)} in place (no copy)")
-            changed.append(sdpa)
+            after_layout_changes(gm, [sdpa])
     return done
 
 
-def linears_before_permutes(
-    program: torch.export.ExportedProgram, changed: list[fx.Node]
-) -> list[str]:
+def _weight_2d(linear: fx.Node) -> bool:
+    w = value_of(linear.args[1])
+    return isinstance(w, torch.Tensor) and w.dim() == 2
+
+
+def linears_before_permutes(program: torch.export.ExportedProgram) -> list[str]:
     """Rewrite `program`'s graph in place so that a linear over a permuted view of a contiguous
     tensor, the permutation keeping the last dim last, becomes that permutation of the linear
     over the tensor: each row of a linear's output depends on its own input row only, so the
     value is the same. nn.MultiheadAttention, batch first, projects `query.transpose(1, 0)`:
     PyTorch's linear copies such an input and adds the bias in a kernel of its own (23 and 117
     us of a ViT-B/16 block at batch 64 on the H200), and FACT's GEMMs read row- or column-major
-    operands only. The permuted results are appended to `changed` (what follows them sees
-    another memory order), for `after_layout_changes`. Returns a line per rewrite."""
+    operands only. What follows sees another memory order (after_layout_changes). Returns a
+    line per rewrite."""
     gm = program.graph_module
     linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
     fake_mode = fake_mode_of(gm) if linears else None
@@ -521,16 +527,18 @@ def linears_before_permutes(
             dims = [d % rank for d in perm.args[1]]
         if rank < 3 or dims[-1] != rank - 1 or not src.is_contiguous() or val.is_contiguous():
             continue
+        if not _weight_2d(linear):
+            continue
         add = NodeBuilder(gm.graph, linear, fake_mode)
         rows = add(aten.linear.default, perm.args[0], *linear.args[1:])
         out = add(aten.permute.default, rows, dims)
         linear.replace_all_uses_with(out)
-        name = linear.name
+        name, old = linear.name, value_of(linear)
         gm.graph.erase_node(linear)
         if not perm.users:
             gm.graph.erase_node(perm)
         take_name(rows, name)
-        changed.append(out)
+        after_layout_changes(gm, [out], {out: old})
         done.append(f"{rows.name} projects {rows.args[0].name} before its permute {dims}")
     return done
 
@@ -582,9 +590,7 @@ def _copied(node: fx.Node) -> bool:
     return False
 
 
-def linears_between_permutes(
-    program: torch.export.ExportedProgram, changed: list[fx.Node]
-) -> list[str]:
+def linears_between_permutes(program: torch.export.ExportedProgram) -> list[str]:
     """Rewrite `program`'s graph in place so that a linear whose rows are rearranged before it
     (permutes and reshapes of the leading dims) and after it reads them in the order its result
     is used in. nn.MultiheadAttention's output projection is the case in point: its input is
@@ -594,8 +600,7 @@ def linears_between_permutes(
     gone and its result is contiguous, so the residual add after it folds into its epilogue.
     Each row of a linear's output depends on its own input row only, so the value is the same.
     Applied where the traced layouts make the new input a view and the old chain copied (or
-    left the result strided). The new linears are appended to `changed`. Returns a line per
-    rewrite."""
+    left the result strided). Returns a line per rewrite."""
     gm = program.graph_module
     linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
     fake_mode = fake_mode_of(gm) if linears else None
@@ -606,7 +611,7 @@ def linears_between_permutes(
         after = _rows_after(linear)
         source, before = view_chain(linear.args[0])
         src, x = value_of(source), value_of(linear.args[0])
-        if not after or not before or not isinstance(src, torch.Tensor):
+        if not after or not before or not isinstance(src, torch.Tensor) or not _weight_2d(linear):
             continue
         if not all(isinstance(d, int) for d in (*src.shape, *value_of(after[-1]).shape)):
             continue
@@ -635,7 +640,7 @@ def linears_between_permutes(
             if not node.users:
                 gm.graph.erase_node(node)
         take_name(new, name)
-        changed.append(new)
+        after_layout_changes(gm, [new])
         done.append(
             f"{new.name} reads its rows from {source.name} in the order of its result "
             f"{list(value_of(new).shape)}"
@@ -652,12 +657,29 @@ def _replay(modes, offset, after: Sequence[fx.Node], features: int):
     return modes, offset
 
 
-def after_layout_changes(gm: fx.GraphModule, changed: Sequence[fx.Node]) -> None:
-    """After rewrites that change the memory order of `changed`: every `view` downstream of them
-    becomes a `reshape` (the same view wherever the strides allow one, a copy where they do
+def _retraceable(gm: fx.GraphModule) -> bool:
+    """Whether after_layout_changes can trace every node again: ATen ops and getitem only (not
+    the higher-order ops of a `torch.no_grad()` or autocast block, whose bodies are submodules),
+    and FakeTensor values to start from."""
+    if fake_mode_of(gm) is None:
+        return False
+    return all(
+        isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+    )
+
+
+def after_layout_changes(
+    gm: fx.GraphModule, changed: Sequence[fx.Node], traced: dict[fx.Node, Any] | None = None
+) -> None:
+    """After a rewrite that changed the memory order of `changed`: every `view` downstream of
+    them becomes a `reshape` (the same view wherever the strides allow one, a copy where they do
     not: the graph is functional, nothing writes through a view), and the traced values of
-    `changed` and of each node downstream are computed again, so that the plan reads the
-    layouts the graph now has."""
+    `changed` and of each node downstream are computed again, so that what is planned next
+    reads the layouts the graph now has. A graph output keeps its layout: where it was
+    contiguous and is no longer, it is copied back (a drop-in module's outputs can be viewed as
+    before). `traced`: the values new nodes among `changed` stand in for."""
     fake_mode = fake_mode_of(gm)
     seen, todo = set(changed), list(changed)
     while todo:
@@ -667,11 +689,20 @@ def after_layout_changes(gm: fx.GraphModule, changed: Sequence[fx.Node]) -> None
                 todo.append(user)
                 if user.target is aten.view.default:
                     user.target = aten.reshape.default
+    (output,) = (n for n in gm.graph.nodes if n.op == "output")
+    outs = [a for a in output.all_input_nodes if a in seen]
+    was = {a: (traced or {}).get(a, value_of(a)) for a in outs}
     for node in gm.graph.nodes:  # in order: each one's inputs are traced before it
         if node in seen and node.op == "call_function":
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), value_of)
             with fake_mode:
                 node.meta["val"] = node.target(*args, **kwargs)
+    for a in outs:
+        old, new = was[a], value_of(a)
+        if isinstance(old, torch.Tensor) and old.is_contiguous() and not new.is_contiguous():
+            add = NodeBuilder(gm.graph, a, fake_mode)
+            copy = add(aten.clone.default, a, memory_format=torch.contiguous_format)
+            output.replace_input_with(a, copy)
     gm.graph.lint()
     gm.recompile()
 
@@ -684,15 +715,11 @@ def rewrite(
     `linears_between_permutes`, then `v_transposed` for TF32 on Hopper. `fact.optimize` and
     the CLI's discover, explain and realize of a problem file both plan the rewritten program.
     Returns a line per rewrite."""
-    changed: list[fx.Node] = []
-    lines = linears_before_permutes(program, changed)
-    lines += attention_inputs_in_place(program, changed)
-    if changed:  # the attentions' outputs may now be laid out otherwise: traced again first
-        after_layout_changes(program.graph_module, changed)
-        changed = []
-    lines += linears_between_permutes(program, changed)
-    if changed:
-        after_layout_changes(program.graph_module, changed)
+    lines = []
+    if _retraceable(program.graph_module):
+        lines += linears_before_permutes(program)
+        lines += attention_inputs_in_place(program)
+        lines += linears_between_permutes(program)
     if applies_v_transposed(dtype, precision, arch):
         lines += v_transposed(program)
     return lines
