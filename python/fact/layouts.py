@@ -488,6 +488,14 @@ def attention_inputs_in_place(program: torch.export.ExportedProgram) -> list[str
     return done
 
 
+def _linears(gm: fx.GraphModule) -> tuple[list[fx.Node], Any]:
+    """The graph's linears (none where it has no FakeTensor values to build new nodes from) and
+    its FakeTensorMode."""
+    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
+    fake_mode = fake_mode_of(gm) if linears else None
+    return (linears if fake_mode is not None else []), fake_mode
+
+
 def _weight_2d(linear: fx.Node) -> bool:
     w = value_of(linear.args[1])
     return isinstance(w, torch.Tensor) and w.dim() == 2
@@ -503,10 +511,7 @@ def linears_before_permutes(program: torch.export.ExportedProgram) -> list[str]:
     operands only. What follows sees another memory order (after_layout_changes). Returns a
     line per rewrite."""
     gm = program.graph_module
-    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
-    fake_mode = fake_mode_of(gm) if linears else None
-    if fake_mode is None:
-        return []
+    linears, fake_mode = _linears(gm)
     done = []
     for linear in linears:
         perm = linear.args[0]
@@ -602,10 +607,7 @@ def linears_between_permutes(program: torch.export.ExportedProgram) -> list[str]
     Applied where the traced layouts make the new input a view and the old chain copied (or
     left the result strided). Returns a line per rewrite."""
     gm = program.graph_module
-    linears = [n for n in gm.graph.nodes if n.target is aten.linear.default and not n.kwargs]
-    fake_mode = fake_mode_of(gm) if linears else None
-    if fake_mode is None:
-        return []
+    linears, fake_mode = _linears(gm)
     done = []
     for linear in linears:
         after = _rows_after(linear)
