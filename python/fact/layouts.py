@@ -409,7 +409,7 @@ def view_ops(source_shape: Sequence[int], modes: Sequence[list[tuple[int, int]]]
     sizes = [e for e, _ in digits]
     if sizes != list(source_shape):
         ops.append((aten.reshape.default, (sizes,)))
-    kept = [(e, w) for e, w in digits]
+    kept = list(digits)
     for pos in range(len(digits) - 1, -1, -1):
         if digits[pos][1] is None:
             ops.append((aten.select.int, (pos, index[pos])))
@@ -496,6 +496,19 @@ def _linears(gm: fx.GraphModule) -> tuple[list[fx.Node], Any]:
     return (linears if fake_mode is not None else []), fake_mode
 
 
+_PERMUTES = (aten.transpose.int, aten.permute.default)
+
+
+def _perm_dims(node: fx.Node, rank: int) -> list[int]:
+    """The permutation a transpose or permute node applies, as permute's dims."""
+    if node.target is aten.transpose.int:
+        dims = list(range(rank))
+        a, b = node.args[1] % rank, node.args[2] % rank
+        dims[a], dims[b] = dims[b], dims[a]
+        return dims
+    return [d % rank for d in node.args[1]]
+
+
 def _weight_2d(linear: fx.Node) -> bool:
     w = value_of(linear.args[1])
     return isinstance(w, torch.Tensor) and w.dim() == 2
@@ -515,21 +528,13 @@ def linears_before_permutes(program: torch.export.ExportedProgram) -> list[str]:
     done = []
     for linear in linears:
         perm = linear.args[0]
-        if not isinstance(perm, fx.Node) or perm.target not in (
-            aten.transpose.int,
-            aten.permute.default,
-        ):
+        if not isinstance(perm, fx.Node) or perm.target not in _PERMUTES:
             continue
         src, val = value_of(perm.args[0]), value_of(perm)
         if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor):
             continue
         rank = src.dim()
-        if perm.target is aten.transpose.int:
-            dims = list(range(rank))
-            a, b = perm.args[1] % rank, perm.args[2] % rank
-            dims[a], dims[b] = dims[b], dims[a]
-        else:
-            dims = [d % rank for d in perm.args[1]]
+        dims = _perm_dims(perm, rank)
         if rank < 3 or dims[-1] != rank - 1 or not src.is_contiguous() or val.is_contiguous():
             continue
         if not _weight_2d(linear):
@@ -569,9 +574,7 @@ def _rows_after(linear: fx.Node) -> list[fx.Node]:
         if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.shape[-1] != out or out < 2:
             break
         rank = value_of(node).dim()
-        if user.target is aten.permute.default and user.args[1][-1] % rank != rank - 1:
-            break
-        if user.target is aten.transpose.int and rank - 1 in {d % rank for d in user.args[1:]}:
+        if user.target in _PERMUTES and _perm_dims(user, rank)[-1] != rank - 1:
             break
         chain.append(user)
         node = user
@@ -587,12 +590,7 @@ def _copied(node: fx.Node) -> bool:
         return not val.is_contiguous()
     if node.target not in _RESHAPES:
         return False
-    t = torch.empty_strided(tuple(val.shape), tuple(val.stride()), device="meta")
-    try:
-        t.view(tuple(value_of(node).shape))
-    except RuntimeError:
-        return True
-    return False
+    return _view_at(val, [(aten.reshape.default, (tuple(value_of(node).shape),))]) is None
 
 
 def linears_between_permutes(program: torch.export.ExportedProgram) -> list[str]:

@@ -219,33 +219,19 @@ class Unusual(nn.Module):
     """What the rewrites leave alone: a `torch.no_grad()` block (a higher-order op the values
     cannot be traced again through) and a linear with a 1-D weight."""
 
-    def __init__(self):
+    def __init__(self, vector_only=False):
         super().__init__()
         self.mha = nn.MultiheadAttention(32, 4, batch_first=True)
         self.v = nn.Parameter(torch.randn(32))
+        self.vector_only = vector_only
 
     def forward(self, x):
+        if self.vector_only:
+            return torch.nn.functional.linear(x.transpose(0, 1), self.v)
         y = self.mha(x, x, x, need_weights=False)[0]
         with torch.no_grad():
             z = y * 2 + 1
         return torch.nn.functional.linear(z.transpose(0, 1), self.v)
-
-
-def test_graphs_the_rewrites_cannot_trace_again_are_left_as_traced():
-    model, x = Unusual().eval(), torch.randn(2, 5, 32)
-    program = export_module(model, [x])
-    before = graph_targets(program)
-    assert rewrite(program) == []
-    assert graph_targets(program) == before
-
-
-def test_a_linear_with_a_vector_weight_is_left_as_traced():
-    model, x = Unusual().eval(), torch.randn(2, 5, 32)
-    model.forward = lambda x: torch.nn.functional.linear(x.transpose(0, 1), model.v)
-    program = export_module(model, [x])
-    before = graph_targets(program)
-    assert rewrite(program) == []
-    assert graph_targets(program) == before
 
 
 class LastDimMoved(nn.Module):
@@ -259,17 +245,18 @@ class LastDimMoved(nn.Module):
         return self.proj(x.transpose(1, 2)).transpose(1, 2)
 
 
-def test_a_linear_over_moved_features_is_left_as_traced():
-    model, x = LastDimMoved().eval(), torch.randn(2, 6, 6)
-    program = export_module(model, [x])
-    before = graph_targets(program)
-    assert rewrite(program) == []
-    assert graph_targets(program) == before
-
-
-def test_a_chain_that_is_no_strided_view_is_left_as_traced():
-    model, x = Scrambled().eval(), torch.randn(2, 5, 32)
-    program = export_module(model, [x])
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [
+        (Unusual(), (2, 5, 32)),  # a no_grad block: values not traced again through it
+        (Unusual(vector_only=True), (2, 5, 32)),  # a linear with a vector weight
+        (LastDimMoved(), (2, 6, 6)),  # a linear over moved features
+        (Scrambled(), (2, 5, 32)),  # a chain that is no strided view of its source
+    ],
+    ids=["no_grad_block", "vector_weight", "moved_features", "no_strided_view"],
+)
+def test_left_as_traced(model, shape):
+    program = export_module(model.eval(), [torch.randn(shape)])
     before = graph_targets(program)
     assert rewrite(program) == []
     assert graph_targets(program) == before
