@@ -88,6 +88,15 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
   json patterns = json::array();
   for (const auto& c : d.chosen) {
     patterns.push_back(pattern_json(g, c, hw.arch, reg));
+    if (c.match.family == discover::Family::gemm && !c.match.epilogue.empty() && !c.match.anchors.empty()) {
+      try {
+        patterns.back()["tail"] = realize::gemm_epilogue_tail(
+            patterns.back(), g.node(c.match.output).type().shape,
+            ir::dtype_name(g.node(c.match.anchors.front()).type().dtype));
+      } catch (const realize::NotSupported&) {
+        // the fused kernels and the library candidates only
+      }
+    }
     if (c.match.family == discover::Family::gated_mlp) {
       // How stage 2 realizes it: the gate GEMM with act(acc) * up in its epilogue.
       try {
@@ -270,6 +279,23 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       }
       continue;
     }
+    if (pattern.contains("tail")) {
+      // The library-GEMM form of a GEMM or gated MLP pattern: its pointwise kernels for the
+      // epilogue, checked in context like regions.
+      try {
+        const auto spec = realize::PointwiseSpec::from_pattern(pattern["tail"]);
+        const bool gated = match.family == discover::Family::gated_mlp;
+        for (const auto& c : gated ? realize::pointwise_configs(spec) : realize::tail_configs(spec)) {
+          json config = c.to_json();
+          config["form"] = "tail";
+          add_kernel(i, realize::emit_pointwise(spec, c), config);
+        }
+      } catch (const realize::NotSupported& e) {
+        json entry = base;
+        entry["config"] = {{"form", "tail"}};
+        refuse(entry, e.what());
+      }
+    }
     // A gated MLP is realized as its gate GEMM with act(acc) * up fused into the epilogue
     // (the up projection stays PyTorch's GEMM); the plan keeps that GEMM pattern as "lowered".
     json gemm_pattern = pattern;
@@ -282,21 +308,6 @@ RealizeResult run_realize(const RealizeOptions& opt) {
           refuse(base, e.what());
         }
         continue;
-      }
-      if (pattern.contains("tail")) {
-        // The library-GEMMs form: its pointwise kernels, checked in context like regions.
-        try {
-          const auto spec = realize::PointwiseSpec::from_pattern(pattern["tail"]);
-          for (const auto& c : realize::pointwise_configs(spec)) {
-            json config = c.to_json();
-            config["form"] = "tail";
-            add_kernel(i, realize::emit_pointwise(spec, c), config);
-          }
-        } catch (const realize::NotSupported& e) {
-          json entry = base;
-          entry["config"] = {{"form", "tail"}};
-          refuse(entry, e.what());
-        }
       }
       gemm_pattern = pattern["lowered"];
       gemm_match.family = discover::Family::gemm;
@@ -375,7 +386,10 @@ RealizeResult run_realize(const RealizeOptions& opt) {
                   {"config", p.config},
                   {"cache_key", res->key},
                   {"status", res->ok ? (res->cached ? "cached" : "compiled") : "compile_error"}};
-    if (res->ok) entry["library"] = "lib/" + p.kernel + ".so";
+    if (res->ok) {
+      entry["library"] = "lib/" + p.kernel + ".so";
+      entry["cached_library"] = res->library;  // the cache's copy, which outlives the run
+    }
     if (!res->advisories.empty()) {
       entry["advisories"] = res->advisories;
       std::string detail = "ptxas";

@@ -1,7 +1,9 @@
 #include "realize/emit.h"
+#include "realize/pointwise.h"
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -386,6 +388,90 @@ json gated_mlp_tail(const json& lowered) {
                      {"dtype_out", attrs.value("dtype_out", "")},
                      {"shape", shape},
                      {"strides", strides}}}};
+}
+
+json gemm_epilogue_tail(const json& pattern, const std::vector<int64_t>& out_shape, const std::string& acc_dtype) {
+  if (pattern.at("family") != "gemm") throw NotSupported("not a GEMM pattern");
+  const auto& attrs = pattern.at("attrs");
+  const json ssa_in = pattern.value("epilogue_expr", json::object()).value("ssa", json::array());
+  if (pattern.value("epilogue", json::array()).empty() || ssa_in.size() < 2) {
+    throw NotSupported("a GEMM without an epilogue has no tail");
+  }
+  if (out_shape.empty() || out_shape.size() > 8) throw NotSupported("the output's rank is not 1 to 8");
+  auto contiguous = [](const std::vector<int64_t>& shape) {
+    std::vector<int64_t> strides(shape.size(), 1);
+    int64_t step = 1;
+    for (size_t d = shape.size(); d-- > 0;) {
+      strides[d] = step;
+      step *= shape[d];
+    }
+    return strides;
+  };
+  auto type = [](const std::string& dtype, const std::vector<int64_t>& shape) {
+    std::string t = dtype + "[";
+    for (size_t d = 0; d < shape.size(); ++d) t += (d ? ", " : "") + std::to_string(shape[d]);
+    return t + "]";
+  };
+  const int64_t n = out_shape.back();
+  std::vector<int64_t> col_shape = out_shape;
+  col_shape.back() = 1;
+  // in0 is the product as the library GEMM writes it (the model's dtype, shaped as the output);
+  // the epilogue operands follow, each reshaped by its kind (fact.compose.impls.GemmTailImpl
+  // views them so): a row vector [n], a column [.., 1], a scalar [1], a full tensor as the output.
+  json operands = json::array({{{"role", "in0"}, {"node", ""}, {"type", type(acc_dtype, out_shape)}}});
+  json access = json::array({"contiguous"});
+  json strides = json::array({contiguous(out_shape)});
+  for (const auto& o : pattern.at("operands")) {
+    const std::string role = o.value("role", "");
+    if (role == "a" || role == "b") continue;
+    const std::string kind = o.value("broadcast", "");
+    const std::string t = o.value("type", "");
+    const std::string dtype = t.substr(0, t.find('['));
+    std::vector<int64_t> shape;
+    if (kind == "row") {
+      shape = {n};
+    } else if (kind == "col") {
+      shape = col_shape;
+    } else if (kind == "scalar") {
+      shape = {1};
+    } else if (kind == "full") {
+      shape = out_shape;
+    } else {
+      throw NotSupported("an epilogue operand of kind '" + kind + "'");
+    }
+    operands.push_back({{"role", "in" + std::to_string(operands.size())}, {"node", o.value("node", "")}, {"type", type(dtype, shape)}});
+    access.push_back(kind == "row" || kind == "full" ? "contiguous" : "broadcast");
+    strides.push_back(contiguous(shape));
+  }
+  if (operands.size() > 16) throw NotSupported("more than 16 inputs");
+  json ssa = ssa_in;
+  for (auto& e : ssa) {
+    if (e.at("op") == "acc") {
+      e = {{"id", e.at("id")}, {"op", "operand"}, {"index", 0}};
+    } else if (e.at("op") == "operand") {
+      e["index"] = e.at("index").get<int>() + 1;
+    }
+  }
+  std::string steps;
+  for (const auto& step : pattern.at("epilogue")) steps += (steps.empty() ? "" : "+") + step.get<std::string>();
+  const std::string dtype_out = attrs.value("dtype_out", "");
+  json tail = {{"family", "pointwise"},
+               {"rule", "gemm_epilogue_tail"},
+               {"signature", "pointwise[" + steps + "]:" + acc_dtype + "->" + dtype_out},
+               {"operands", operands},
+               {"output", pattern.value("output", "")},
+               {"epilogue", pattern.at("epilogue")},
+               {"epilogue_expr", {{"ssa", ssa}}},
+               {"problem", {{"numel", std::accumulate(out_shape.begin(), out_shape.end(), int64_t{1}, std::multiplies<>())},
+                            {"cols", n}}},
+               {"attrs", {{"inputs", acc_dtype},
+                          {"access", access},
+                          {"operand_strides", strides},
+                          {"dtype_out", dtype_out},
+                          {"shape", out_shape},
+                          {"strides", contiguous(out_shape)}}}};
+  PointwiseSpec::from_pattern(tail);  // NotSupported unless every function has kernel code
+  return tail;
 }
 
 namespace {

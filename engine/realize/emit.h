@@ -81,6 +81,16 @@ nlohmann::json lower_gated_mlp(const nlohmann::json& pattern);
 // output, in1 = the up projection's, both contiguous [.., n]).
 nlohmann::json gated_mlp_tail(const nlohmann::json& lowered);
 
+// The other way to run a GEMM pattern with an epilogue: the plain product as a library GEMM
+// (cuBLAS through PyTorch, strong where no generated config is, such as small M with large N
+// and K), then the whole epilogue in one generated pointwise kernel. Returns the plan pattern of
+// that kernel (family pointwise, rule gemm_epilogue_tail; in0 = the product, shaped as the
+// output `out_shape`, in `acc_dtype`; then the epilogue operands in order, a row as [n], a
+// column as [.., 1], a scalar as [1], a full operand as the output); NotSupported without an
+// epilogue or for a function pointwise kernels lack.
+nlohmann::json gemm_epilogue_tail(const nlohmann::json& pattern, const std::vector<int64_t>& out_shape,
+                                  const std::string& acc_dtype);
+
 // ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
 std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
 

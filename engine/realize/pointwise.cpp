@@ -1,5 +1,6 @@
 #include "realize/pointwise.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -45,9 +46,9 @@ std::string call(const json& e, const std::vector<std::string>& a) {
   static const std::map<std::string, std::string> compare = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
                                                              {"le", "<="}, {"gt", ">"},  {"ge", ">="}};
   static const std::map<std::string, std::string> unary = {
-      {"exp", "expf"},           {"log", "logf"},         {"sqrt", "sqrtf"},         {"rsqrt", "rsqrtf"},
+      {"exp", "fact_exp"},       {"log", "logf"},         {"sqrt", "sqrtf"},         {"rsqrt", "rsqrtf"},
       {"abs", "fabsf"},          {"erf", "erff"},         {"sin", "sinf"},           {"cos", "cosf"},
-      {"tanh", "tanhf"},         {"sigmoid", "fact_sigmoid"}, {"relu", "fact_relu"}, {"silu", "fact_silu"},
+      {"tanh", "fact_tanh"},     {"sigmoid", "fact_sigmoid"}, {"relu", "fact_relu"}, {"silu", "fact_silu"},
       {"gelu_erf", "fact_gelu_erf"}, {"gelu_tanh", "fact_gelu_tanh"}, {"mish", "fact_mish"},
       {"hardswish", "fact_hardswish"}, {"hardsigmoid", "fact_hardsigmoid"}};
   auto arity = [&](size_t n) {
@@ -71,7 +72,18 @@ std::string call(const json& e, const std::vector<std::string>& a) {
   }
   if (fn == "pow") {
     arity(2);
-    return "powf(" + a[0] + ", " + a[1] + ")";
+    // A constant exponent of a few common values as multiplies and roots: powf is tens of
+    // instructions, and a written-out GELU's x ** 3 would make its region compute-bound.
+    const std::string x = a[0], y = a[1];
+    if (y == literal(1)) return x;
+    if (y == literal(2)) return "(" + x + " * " + x + ")";
+    if (y == literal(3)) return "(" + x + " * " + x + " * " + x + ")";
+    if (y == literal(4)) return "((" + x + " * " + x + ") * (" + x + " * " + x + "))";
+    if (y == literal(0.5)) return "sqrtf(" + x + ")";
+    if (y == literal(-0.5)) return "rsqrtf(" + x + ")";
+    if (y == literal(-1)) return "(1.0f / " + x + ")";
+    if (y == literal(-2)) return "(1.0f / (" + x + " * " + x + "))";
+    return "powf(" + x + ", " + y + ")";
   }
   if (fn == "where") {
     arity(3);
@@ -250,13 +262,47 @@ std::string input_bytes(const std::vector<std::string>& inputs) {
   return out.empty() ? "1" : out;
 }
 
+// The expression for the kernel's comment, over in0, in1, ... (never the graph's names: they
+// are the user's text, and renaming a node must not change the kernel).
+std::string ssa_text(const json& ssa) {
+  std::vector<std::string> text;
+  for (const auto& e : ssa) {
+    const std::string op = e.at("op");
+    const bool word = !op.empty() && std::all_of(op.begin(), op.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+    });
+    std::vector<std::string> args;
+    for (const auto& a : e.value("args", json::array())) {
+      const auto i = a.get<size_t>();
+      args.push_back(i < text.size() ? text[i] : "?");
+    }
+    static const std::map<std::string, std::string> infix = {{"add", " + "}, {"sub", " - "}, {"mul", " * "}, {"div", " / "}};
+    if (op == "operand") {
+      text.push_back("in" + std::to_string(e.at("index").get<int>()));
+    } else if (op == "constant") {
+      text.push_back(literal(param(json{{"params", json::array({e.at("value")})}}, 0, 0)));
+    } else if (infix.count(op) && args.size() == 2) {
+      text.push_back("(" + args[0] + infix.at(op) + args[1] + ")");
+    } else {
+      std::string s = (word ? op : std::string("?")) + "(";
+      for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i];
+      const auto params = e.value("params", json::array());
+      for (size_t i = 0; i < params.size(); ++i) {
+        s += (args.empty() && i == 0 ? "" : ", ") + literal(param(e, i, 0));
+      }
+      text.push_back(s + ")");
+    }
+    if (text.back().size() > 2000) text.back() = "...";  // a comment, not the kernel
+  }
+  return text.empty() ? "" : text.back();
+}
+
 }  // namespace
 
 PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
   if (p.at("family") != "pointwise") throw NotSupported("not a pointwise pattern");
   PointwiseSpec s;
   s.ssa = p.at("epilogue_expr").at("ssa");
-  s.text = p.at("epilogue_expr").value("text", "");
   for (const auto& o : p.at("operands")) {
     const std::string type = o.value("type", "");
     s.inputs.push_back(type.substr(0, type.find('[')));
@@ -321,6 +367,9 @@ std::string PointwiseSpec::id() const {
 // 128 x 4 and one of 256 x 2 cover the same 1024 vectors with different occupancy.
 std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec&) { return {{128, 4}, {256, 2}, {256, 4}}; }
 
+// A GEMM's epilogue as a pass of its own is one candidate among the GEMM's: one block shape.
+std::vector<PointwiseConfig> tail_configs(const PointwiseSpec&) { return {{256, 2}}; }
+
 EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c) {
   FACT_CHECK(c.threads % 32 == 0 && c.threads <= 1024 && c.threads > 0 && c.items >= 1 && c.items <= 16,
              "bad pointwise config " + c.name());
@@ -328,14 +377,13 @@ EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c
   k.name = "fact_pointwise_" + spec.dtype_out + "_" + spec.id() + "_" + c.name();
   const json info = {{"family", "pointwise"}, {"inputs", spec.inputs}, {"access", spec.access}, {"dtype_out", spec.dtype_out},
                      {"cols", spec.cols},     {"rank", spec.rank},     {"vec", spec.vec},
-                     {"expression", spec.text}, {"config", c.to_json()}};
+                     {"expression", ssa_text(spec.ssa)}, {"config", c.to_json()}};
   std::string decls = "  TOut* __restrict__ out = a.out;";
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     decls += "\n  const auto* __restrict__ in" + std::to_string(i) + " = static_cast<const " +
              cuda_type(spec.inputs[i]) + "*>(a.inputs[" + std::to_string(i) + "]);";
   }
-  std::string text = spec.text;
-  for (char& ch : text) ch = ch == '\n' ? ' ' : ch;
+  const std::string text = ssa_text(spec.ssa);
   std::map<std::string, std::string> vars = {
       {"description", "pointwise region, " + std::to_string(spec.inputs.size()) + " input(s) -> " + spec.dtype_out},
       {"kernel_name", k.name},
@@ -352,6 +400,7 @@ EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& c
       {"body", BodyWriter(spec.ssa, spec.access).body(static_cast<int>(spec.ssa.size()) - 1)},
       {"access", access_list(spec.access)},
       {"input_bytes", input_bytes(spec.inputs)},
+      {"fast_math", spec.dtype_out == "bf16" || spec.dtype_out == "f16" ? "true" : "false"},
   };
   k.source = substitute(templates::kPointwise, vars);
   return k;

@@ -21,7 +21,6 @@ namespace fact::realize {
 
 struct PointwiseSpec {
   nlohmann::json ssa;                // the expression (epilogue_expr.ssa)
-  std::string text;                  // its readable form
   std::vector<std::string> inputs;   // dtype per operand: bf16 | f16 | f32 | bool
   // How each operand's last dim is read: contiguous (one vector load; the kernel refuses other
   // strides), broadcast (one value), or strided (any stride, decided at run time)
@@ -43,6 +42,8 @@ struct PointwiseConfig {
 };
 
 std::vector<PointwiseConfig> pointwise_configs(const PointwiseSpec& spec);
+// The block shapes of a GEMM epilogue's tail kernel (emit.h, gemm_epilogue_tail).
+std::vector<PointwiseConfig> tail_configs(const PointwiseSpec& spec);
 
 EmittedKernel emit_pointwise(const PointwiseSpec& spec, const PointwiseConfig& config);
 

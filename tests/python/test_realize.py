@@ -56,12 +56,17 @@ def test_realize_compiles_one_kernel_and_reuses_it(engine_available, tmp_path):
     problem.write_text(PROBLEM)
     res = realize(problem, tmp_path / "run", tmp_path / "cache")
     assert res.returncode == 0, res.stderr
-    assert "[1/1]" in res.stderr and "compiled in" in res.stderr  # progress, one line a kernel
+    assert "[2/2]" in res.stderr and "compiled in" in res.stderr  # progress, one line a kernel
     manifest = json.loads(res.stdout)
-    assert [e["status"] for e in manifest] == ["compiled"], manifest
-    kernel = manifest[0]["kernel"]
+    # the GEMM, and its epilogue as a pointwise kernel after a library GEMM (the "tail")
+    assert sorted((e["status"], e["config"].get("form") or "") for e in manifest) == [
+        ("compiled", ""),
+        ("compiled", "tail"),
+    ], manifest
+    (gemm,) = [e for e in manifest if e["family"] == "gemm" and e["config"].get("form") is None]
+    kernel = gemm["kernel"]
     run = tmp_path / "run"
-    lib = run / manifest[0]["library"]
+    lib = run / gemm["library"]
     assert lib.is_file() and (run / "src" / f"{kernel}.cu").is_file()
     assert (run / "plan.json").is_file() and (run / "results.md").is_file()
     ranked = json.loads((run / "candidates" / "pattern-0.json").read_text())
@@ -81,7 +86,7 @@ def test_realize_compiles_one_kernel_and_reuses_it(engine_available, tmp_path):
     start = time.perf_counter()
     res = realize(problem, tmp_path / "run2", tmp_path / "cache")
     assert res.returncode == 0, res.stderr
-    assert [e["status"] for e in json.loads(res.stdout)] == ["cached"]
+    assert [e["status"] for e in json.loads(res.stdout)] == ["cached", "cached"]
     assert time.perf_counter() - start < 60
 
 
@@ -127,7 +132,7 @@ def test_realize_compiles_an_fp32_accurate_gemm(engine_available, tmp_path):
     flags = ("--dtype", "fp32", "--precision", "highest")
     res = realize(problem, tmp_path / "run", tmp_path / "cache", *flags)
     assert res.returncode == 0, res.stderr
-    (entry,) = json.loads(res.stdout)
+    (entry,) = [e for e in json.loads(res.stdout) if e["config"].get("form") != "tail"]
     assert (entry["family"], entry["status"]) == ("gemm", "compiled"), entry
     config = entry["config"]
     assert (config["kernel_schedule"], config["math"]) == ("multistage", "3xtf32"), config
