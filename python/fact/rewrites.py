@@ -1,4 +1,5 @@
-"""The rewrites an exported program gets before it is planned, for a target: `einsums` (each
+"""The rewrites an exported program gets before it is planned, for a target: fact.masks (an
+attention mask made of constants becomes is_causal or no mask), `einsums` (each
 two-operand einsum as the linear or matmul over views it is), `gate_up_splits` (a fused gate
 and up projection split in two, as a gated MLP), fact.layouts (a producer writes the layout its
 consumer's kernels read) and fact.folds (LayerNorms folded into the GEMMs after them).
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from fact import folds, layouts
+from fact import folds, layouts, masks
 from fact.fx_build import NodeBuilder, fake_mode_of, take_name, value_of
 
 aten = torch.ops.aten
@@ -37,7 +38,8 @@ def apply(
     LayerNorm folds only when `fold_norms`, and none of the norms in `fold_skip`). Returns a
     line per rewrite ("layout: ...", "fold: ..."), and the folds' records (folds.fold_norms)
     for the check that they pay."""
-    lines = [f"einsum: {line}" for line in einsums(program)]
+    lines = [f"mask: {line}" for line in masks.rewrite(program)]
+    lines += [f"einsum: {line}" for line in einsums(program)]
     lines += [f"gated MLP: {line}" for line in gate_up_splits(program)]
     lines += [f"layout: {line}" for line in layouts.rewrite(program, dtype, precision, arch)]
     records: list[dict[str, Any]] = []

@@ -32,7 +32,6 @@ import torch
 from fact.tune.abi import KernelLibrary
 from fact.tune.harness import (
     DEFAULT_KNOBS,
-    FLUSH_BYTES,
     TOL_16BIT_OUTPUT,
     load_manifest,
     rel_err,
@@ -93,9 +92,9 @@ def test_time_pytorch_with_events_and_flush():
     flops = 2 * MEDIUM["m"] * MEDIUM["n"] * MEDIUM["k"]
     assert 1 < t < 1e5, t
     assert flops / (t * 1e-6) < 2e15  # not faster than the GPU could possibly be
-    from fact.tune import harness
+    from fact import timing
 
-    assert harness._FLUSH["cuda"].numel() == FLUSH_BYTES >= 256 << 20
+    assert timing._FLUSH["cuda"].numel() == timing.FLUSH_BYTES >= 256 << 20
 
 
 def _fake_segv(tmp_path: Path) -> Path:

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from fact import __version__
+from fact import __version__, timing
 from fact.compose import report as report_mod
-from fact.compose.optimize import optimize, reference_outputs, rel_err, time_us
+from fact.compose.optimize import optimize, reference_outputs, rel_err
 from fact.errors import FactError
-from fact.tune.harness import MIN_REPS
+from fact.timing import MIN_REPS
 
 BENCH_REPS = 60
 ROUNDS = 3
@@ -54,7 +54,7 @@ def kernel_profile(fn, device, iters: int = 5, top: int = 15) -> dict[str, Any]:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from fact.tune.harness import before_timed_call
+    from fact.timing import before_timed_call
 
     if getattr(torch.cuda, "_sleep", None) is None:  # private; its kernel marks each call
         raise FactError(
@@ -448,16 +448,25 @@ def run_bench(
     # Interleaved rounds, so that clocks and heat treat every module alike, in an order that
     # changes from round to round so that no module always follows the same one (the power cap
     # lowers the clock after a module that draws much, bench/README.md).
+    # Both protocols each round (fact.timing): per call (L2 flushed, synchronized; time_us) and
+    # back to back; then the host's time per call, with the GPU kept busy.
     per_round = max(MIN_REPS, reps // ROUNDS)
     turns = list(zip(results, modules, strict=True))
+    for row in results:
+        row["rounds_back_to_back_us"] = []
     for r in range(ROUNDS):
         for row, (name, module, _) in round_order(turns, r):
             say(f"timing {name} (round {r + 1}/{ROUNDS})")
             with torch.no_grad(), SmClock(device) as clock:
-                row["rounds_us"].append(time_us(lambda m=module: m(*data), device, per_round))
+                per_call, b2b = timing.measure_turn(lambda m=module: m(*data), device, per_round)
+            row["rounds_us"].append(per_call)
+            row["rounds_back_to_back_us"].append(b2b)
             row["rounds_sm_clock_mhz"].append(clock.summary())
-    for row in results:
+    for row, (_, module, _) in turns:
         row["time_us"] = statistics.median(row["rounds_us"])
+        row["back_to_back_us"] = statistics.median(row["rounds_back_to_back_us"])
+        with torch.no_grad():
+            row["host_us"] = statistics.median(timing.host_times(lambda m=module: m(*data), device))
     profiles = {}
     if profile:
         for name, module, _ in modules:
@@ -484,15 +493,30 @@ def run_bench(
 
 
 def summary_table(bench: dict[str, Any]) -> str:
+    """Per module: per-call ms (the protocol benchmark sets use) with its ratios, back-to-back
+    ms with its ratio to eager, host us per call and the error against float64."""
     rows = bench["results"]
-    eager = rows[0]["time_us"]
-    compiled = next((r["time_us"] for r in rows if r["name"] == "torch.compile"), None)
-    lines = [f"{'module':24} {'ms':>8} {'vs eager':>9} {'vs compile':>11} {'rel err':>9}"]
+    eager = rows[0]
+    compiled = next((r for r in rows if r["name"] == "torch.compile"), None)
+    lines = [
+        f"{'module':24} {'per call':>9} {'vs eager':>9} {'vs compile':>11} {'b2b':>8} "
+        f"{'vs eager':>9} {'vs compile':>11} {'host us':>8} {'rel err':>9}"
+    ]
+
+    def ratio(base: dict[str, Any] | None, r: dict[str, Any], key: str) -> str:
+        if base is None or not base.get(key) or not r.get(key):
+            return "-"
+        return f"{base[key] / r[key]:.2f}x"
+
     for r in rows:
-        vs_c = f"{compiled / r['time_us']:.2f}x" if compiled else "-"
+        b2b = r.get("back_to_back_us")
+        host = r.get("host_us")
         lines.append(
-            f"{r['name']:24} {r['time_us'] / 1e3:8.3f} {eager / r['time_us']:8.2f}x "
-            f"{vs_c:>11} {r['rel_error']:9.2e}"
+            f"{r['name']:24} {r['time_us'] / 1e3:9.3f} {ratio(eager, r, 'time_us'):>9} "
+            f"{ratio(compiled, r, 'time_us'):>11} "
+            f"{(b2b / 1e3 if b2b else float('nan')):8.3f} {ratio(eager, r, 'back_to_back_us'):>9} "
+            f"{ratio(compiled, r, 'back_to_back_us'):>11} "
+            f"{(host if host is not None else float('nan')):8.1f} {r['rel_error']:9.2e}"
         )
     return "\n".join(lines)
 

@@ -34,11 +34,14 @@ import torch.fx as fx
 
 from fact.compose.ops import (
     BODIES,
+    MAX_PREPARED,
     AttentionKernel,
     GemmKernel,
     NormKernel,
     PointwiseKernel,
+    gemm_call_key,
     kernel_entry,
+    prepare_gemm,
     register_kernel,
 )
 from fact.compose.program import Region
@@ -121,8 +124,18 @@ def run_gemm_pattern(
 ) -> torch.Tensor:
     """One GEMM pattern: view the graph's tensors as the kernel reads them, call fact::gemm,
     view the result as the pattern's output node. form: linear | matmul | addmm. direct: call
-    the op's body, not through the dispatcher (see direct_calls)."""
-    spec = kernel_entry(kernel).spec
+    the op's body, not through the dispatcher (see direct_calls), through a prepared launch
+    where the call's layout allows one (ops.PreparedGemm)."""
+    entry = kernel_entry(kernel)
+    layout = None
+    if direct and entry.backend == "cutlass":
+        layout = gemm_call_key(entry, a, b, operands)
+        prepared = entry.prepared.get(layout)
+        if prepared is not None:
+            out = prepared.launch(a, b, operands)
+            if out is not None:
+                return out
+    spec = entry.spec
     p = spec.problem
     batch, m, n, k = (int(p.get(key, 1)) for key in ("batch", "m", "n", "k"))
     lead = (batch,) if batch > 1 else ()
@@ -133,6 +146,15 @@ def run_gemm_pattern(
         _operand(t, o.kind, torch_dtype(o.dtype), batch, m, n)
         for t, o in zip(operands, spec.operands, strict=True)
     ]
+    if layout is not None and layout not in entry.prepared:
+        if len(entry.prepared) >= MAX_PREPARED:
+            entry.prepared.clear()
+        prepared = prepare_gemm(entry, (A, B, ops), (a, b, operands), out_shape)
+        entry.prepared[layout] = prepared
+        if prepared is not None:
+            out = prepared.launch(a, b, operands)
+            if out is not None:
+                return out
     gemm = BODIES[torch.ops.fact.gemm.default] if direct else torch.ops.fact.gemm.default
     return gemm(A, B, ops, kernel).reshape(out_shape)
 
@@ -1020,6 +1042,88 @@ class GatedTailImpl(PointwiseImpl):
         return graph.call_function(
             torch.ops.fact.pointwise.default,
             ([gate, up], self.handle, list(val.shape), list(val.stride())),
+        )
+
+
+#: A GEMM anchor and the ATen call that computes its product alone (its bias, if it takes one,
+#: is in the epilogue the tail computes): target -> (product op, indices of its arguments)
+_PRODUCT = {
+    aten.linear.default: (aten.linear.default, (0, 1)),
+    aten.matmul.default: (aten.matmul.default, (0, 1)),
+    aten.mm.default: (aten.mm.default, (0, 1)),
+    aten.bmm.default: (aten.bmm.default, (0, 1)),
+    aten.addmm.default: (aten.mm.default, (1, 2)),
+    aten.baddbmm.default: (aten.bmm.default, (1, 2)),
+}
+
+
+def tail_operand(t: torch.Tensor, kind: str, out_shape: list[int]) -> torch.Tensor:
+    """An epilogue operand as a GEMM tail kernel reads it (realize's gemm_epilogue_tail): a row
+    as [n], a column as [.., 1] over the output's rows, a scalar as [1], a full operand shaped
+    as the output. Views where the layout allows, copies otherwise."""
+    if kind == "row":
+        return t.reshape(out_shape[-1])
+    if kind == "col":
+        return t.reshape(*out_shape[:-1], 1)
+    if kind == "scalar":
+        return t.reshape(1)
+    return t.reshape(out_shape)
+
+
+class GemmTailImpl(PointwiseImpl):
+    """A GEMM pattern as PyTorch's GEMM for the plain product (cuBLAS, a library kernel) and its
+    whole epilogue in one generated pointwise kernel (the plan's "tail"): where cuBLAS's
+    mainloop beats every generated config (small M with large N and K), the epilogue still
+    takes one pass instead of eager's pass per op."""
+
+    def __init__(self, pattern: Mapping[str, Any], backend: str, library=None, label: str = ""):
+        tail = pattern.get("tail")
+        if pattern.get("family") != "gemm" or not tail:
+            raise NotSupportedError("not a GEMM pattern with a pointwise tail")
+        super().__init__(tail, backend, library, label)
+        self.detail["form"] = "tail"
+        self.name = f"cublas+{self.name}"
+
+    def emit(self, graph: fx.Graph, reg: Region, pattern: Mapping[str, Any]) -> fx.Node:
+        anchors = [n for n in reg.nodes if n.name in (pattern.get("anchors") or [])]
+        if len(anchors) != 1 or anchors[0].target not in _PRODUCT:
+            names = [n.name for n in anchors]
+            raise NotSupportedError(f"GEMM anchors {names} have no product form")
+        anchor = anchors[0]
+        if anchor.target in (aten.addmm.default, aten.baddbmm.default) and any(
+            anchor.kwargs.get(k, 1) != 1 for k in ("alpha", "beta")
+        ):
+            raise NotSupportedError(f"{anchor.name} scales its product or bias")
+        op, picks = _PRODUCT[anchor.target]
+        entry = kernel_entry(self.handle)
+        val = reg.output.meta["val"]
+        out_shape = list(val.shape)
+        if val.dtype != entry.out_dtype or not out_shape or out_shape[-1] != entry.cols:
+            raise NotSupportedError(
+                f"the GEMM pattern's output {reg.output.name} is {val.dtype} {out_shape}; the tail "
+                f"kernel writes {entry.out_dtype} with {entry.cols} columns"
+            )
+        if self.shape is not None and out_shape != self.shape:
+            raise NotSupportedError(
+                f"{reg.output.name} is shaped {out_shape}, the plan says {self.shape}"
+            )
+        product = graph.call_function(op, tuple(anchor.args[i] for i in picks))
+        acc = graph.call_function(aten.reshape.default, (product, out_shape))
+        inputs = [acc]
+        for o in pattern.get("operands") or []:
+            if o.get("role") in ("a", "b"):
+                continue
+            node = reg.input(o["node"])
+            inputs.append(
+                graph.call_function(tail_operand, (node, o.get("broadcast", "full"), out_shape))
+            )
+        if len(inputs) != self.n_inputs:
+            raise FactError(
+                f"pattern {pattern.get('signature')}: {len(inputs)} tail inputs, the kernel "
+                f"reads {self.n_inputs}"
+            )
+        return graph.call_function(
+            torch.ops.fact.pointwise.default, (inputs, self.handle, out_shape, list(val.stride()))
         )
 
 

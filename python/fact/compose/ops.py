@@ -62,6 +62,8 @@ class GemmKernel:
     library: KernelLibrary | None = None
     knobs: dict[str, Any] = field(default_factory=dict)
     label: str = ""
+    # packed launches per call layout (PreparedGemm), for a composed module's direct calls
+    prepared: dict[tuple, Any] = field(default_factory=dict, repr=False)
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -80,6 +82,7 @@ class NormKernel:
     library: KernelLibrary | None = None
     round_to: torch.dtype | None = None  # the model's cast before * weight (.type_as(x))
     label: str = ""
+    prepared: dict[tuple, Any] = field(default_factory=dict, repr=False)  # PreparedNorm
 
 
 @dataclass
@@ -178,8 +181,22 @@ def _launch(run, args, nbytes: int, device: torch.device) -> int:
     """run(args, workspace, nbytes, stream), a kernel's ABI entry point, on PyTorch's current
     stream with the workspace it asked for taken from the caching allocator; its status."""
     workspace = torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
-    stream = torch.cuda.current_stream(device).cuda_stream
-    return run(args, workspace.data_ptr() if nbytes else None, nbytes, stream)
+    return run(args, workspace.data_ptr() if nbytes else None, nbytes, current_stream(device))
+
+
+def current_stream(device: torch.device) -> int:
+    """The raw handle of PyTorch's current stream on `device` (the launch's stream)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _RAW_STREAM(index) if _RAW_STREAM is not None else _stream_handle(device)
+
+
+def _stream_handle(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# The handle without building a Stream object (what torch.compile's generated code calls);
+# private, so only where this torch has it.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _problem(a: torch.Tensor, b: torch.Tensor) -> dict[str, int]:
@@ -208,18 +225,22 @@ def launch_knobs(knobs: dict[str, Any]) -> dict[str, Any]:
     return knobs
 
 
-def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
-    lib = entry.library
-    assert lib is not None
+def _check_gemm_dtypes(entry: GemmKernel, a, b, operands) -> None:
     spec = entry.spec
     _check_dtypes(
-        entry.label or lib.name,
+        entry.label or (entry.library.name if entry.library is not None else "reference"),
         [("A", a, torch_dtype(spec.dtype_a)), ("B", b, torch_dtype(spec.dtype_b))]
         + [
             (f"operand {o.index}", t, torch_dtype(o.dtype))
             for t, o in zip(operands, spec.operands, strict=True)
         ],
     )
+
+
+def _run_cutlass(entry: GemmKernel, a, b, operands, out) -> None:
+    lib = entry.library
+    assert lib is not None
+    _check_gemm_dtypes(entry, a, b, operands)
     inputs = GemmInputs(entry.spec, _problem(a, b), a, b, list(operands), out, 0, a.device)
     args = gemm_args(inputs, launch_knobs(entry.knobs), _sm_count(a.device))
     what = f"fact::gemm {entry.label or lib.name}: the kernel cannot run"
@@ -264,6 +285,99 @@ def _gemm_fake(a, b, operands, kernel):
     entry = kernel_entry(kernel)
     lead = (a.shape[0],) if a.dim() == 3 else ()
     return a.new_empty((*lead, a.shape[-2], b.shape[-1]), dtype=entry.out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prepared launches: what a composed module's direct calls pay per call
+#
+# A call site of a composed module calls its kernel with the same layouts every time; only the
+# data pointers change. So the first call with a layout packs the kernel's arguments (and asks
+# can_implement and the workspace size once), and every later call with that layout writes its
+# pointers into a copy and launches. The layout key holds everything the packed arguments and
+# can_implement depend on but the pointers (shapes, strides, dtypes, device; the deterministic
+# switch where the knobs depend on it); pointers must be 16-byte aligned, as they were when
+# can_implement said yes, or the call takes the checked path.
+
+MAX_PREPARED = 64  # layouts kept per kernel; a caller cycling through more starts over
+
+
+def gemm_call_key(entry: GemmKernel, a: torch.Tensor, b: torch.Tensor, operands) -> tuple:
+    key = (
+        a.shape,
+        a.stride(),
+        a.dtype,
+        b.shape,
+        b.stride(),
+        b.dtype,
+        a.device,
+        tuple((t.shape, t.stride(), t.dtype) for t in operands),
+    )
+    if entry.knobs and nondeterministic(entry.knobs):
+        return (*key, torch.are_deterministic_algorithms_enabled())
+    return key
+
+
+@dataclass
+class PreparedGemm:
+    """A GEMM kernel's packed arguments for one call layout (see above)."""
+
+    args: FactGemmArgs
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    device: torch.device
+    workspace: int
+    lib: KernelLibrary
+
+    def launch(self, a: torch.Tensor, b: torch.Tensor, operands) -> torch.Tensor | None:
+        """D for these tensors, launched; None when a pointer is not 16-byte aligned (then
+        the checked path runs the call)."""
+        pa, pb = a.data_ptr(), b.data_ptr()
+        ptrs = [t.data_ptr() for t in operands]
+        aligned = pa | pb
+        for p in ptrs:
+            aligned |= p
+        if aligned & 15 or (self.device.index or 0) != torch.cuda.current_device():
+            return None
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        args = FactGemmArgs.from_buffer_copy(self.args)
+        args.a, args.b, args.d = pa, pb, out.data_ptr()
+        for i, p in enumerate(ptrs):
+            args.operands[i] = p
+        args.pdl = int(_DEPENDENT.get())
+        self.lib.check(_launch(self.lib.run, args, self.workspace, self.device))
+        return out
+
+
+def prepare_gemm(
+    entry: GemmKernel,
+    views: tuple[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]],
+    sources: tuple[torch.Tensor, torch.Tensor, Sequence[torch.Tensor]],
+    out_shape: Sequence[int],
+) -> PreparedGemm | None:
+    """Pack the arguments of `entry`'s kernel for the views (A, B, operands in the kernel's
+    layouts) of the call's tensors `sources`, where every view starts where its source does (no
+    copy between them, so the sources' pointers are the kernel's), and the kernel can implement
+    the call. None otherwise: the call site then takes the checked path every time."""
+    A, B, ops_ = views
+    a, b, operands = sources
+    lib = entry.library
+    if lib is None or len(ops_) != len(operands):
+        return None
+    pairs = [(A, a), (B, b), *zip(ops_, operands, strict=True)]
+    if any(v.data_ptr() != s.data_ptr() or s.data_ptr() % 16 for v, s in pairs):
+        return None
+    _check_gemm_dtypes(entry, A, B, ops_)
+    lead = (A.shape[0],) if A.dim() == 3 else ()
+    d = torch.empty((*lead, A.shape[-2], B.shape[-1]), dtype=entry.out_dtype, device=A.device)
+    if d.numel() != math.prod(out_shape):
+        return None
+    inputs = GemmInputs(entry.spec, _problem(A, B), A, B, list(ops_), d, 0, A.device)
+    with device_guard(A.device):
+        args = gemm_args(inputs, launch_knobs(entry.knobs), _sm_count(A.device))
+        if lib.can_implement(args) != Status.OK:
+            return None
+        workspace = lib.workspace_size(args)
+    return PreparedGemm(args, tuple(out_shape), entry.out_dtype, A.device, workspace, lib)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,6 +494,17 @@ def _norm_reference(entry: NormKernel, x, weight, bias) -> torch.Tensor:
     return y.to(entry.out_dtype)
 
 
+def _check_norm_dtypes(entry: NormKernel, x, weight, bias) -> None:
+    lib = entry.library
+    wanted = torch_dtype(lib.info.get("dtype_in", "f32"))
+    weights = [(n, t) for n, t in (("weight", weight), ("bias", bias)) if t is not None]
+    w_dtype = lib.info.get("dtype_weight") or "f32"
+    _check_dtypes(
+        entry.label,
+        [("x", x, wanted)] + [(n, t, torch_dtype(w_dtype)) for n, t in weights],
+    )
+
+
 def _norm_args(entry: NormKernel, x: torch.Tensor) -> tuple[torch.Tensor, FactNormArgs]:
     """x as rows of `entry.cols` (a copy only when its last dim is strided) and the kernel's
     arguments for them; the caller fills in what it writes."""
@@ -399,7 +524,55 @@ def _run_norm(entry: NormKernel, op: str, args: FactNormArgs, device: torch.devi
         raise FactError(f"{op} {entry.label}: {lib.last_error()}")
     args.pdl = int(_DEPENDENT.get())
     with device_guard(device):
-        lib.check(lib.norm_run(args, torch.cuda.current_stream(device).cuda_stream))
+        lib.check(lib.norm_run(args, current_stream(device)))
+
+
+@dataclass
+class PreparedNorm:
+    """A row-norm kernel's packed arguments for one call layout (see PreparedGemm): x read in
+    place as rows, weight and bias contiguous."""
+
+    args: FactNormArgs
+    device: torch.device
+    lib: KernelLibrary
+    out_dtype: torch.dtype
+
+    def launch(self, x: torch.Tensor, weight, bias) -> torch.Tensor | None:
+        px = x.data_ptr()
+        pw = weight.data_ptr() if weight is not None else 0
+        pb = bias.data_ptr() if bias is not None else 0
+        if (px | pw | pb) & 15 or (self.device.index or 0) != torch.cuda.current_device():
+            return None
+        out = torch.empty(x.shape, dtype=self.out_dtype, device=self.device)
+        args = FactNormArgs.from_buffer_copy(self.args)
+        args.x, args.out = px, out.data_ptr()
+        args.weight, args.bias = pw or None, pb or None
+        args.pdl = int(_DEPENDENT.get())
+        self.lib.check(self.lib.norm_run(args, current_stream(self.device)))
+        return out
+
+
+def _prepare_norm(entry: NormKernel, x, weight, bias) -> PreparedNorm | None:
+    """PreparedNorm for a call whose rows, weight and bias the kernel reads in place, and that
+    the kernel can implement; None otherwise (the checked path runs such calls)."""
+    lib = entry.library
+    if x.dim() == 0 or x.shape[-1] != entry.cols or x.stride(-1) != 1 or x.numel() == 0:
+        return None
+    if any(t is not None and not t.is_contiguous() for t in (weight, bias)):
+        return None
+    x2 = x.reshape(-1, entry.cols)
+    if x2.data_ptr() != x.data_ptr() or any(
+        t is not None and t.data_ptr() % 16 for t in (x, weight, bias)
+    ):
+        return None
+    _, args = _norm_args(entry, x)
+    args.weight = weight.data_ptr() if weight is not None else None
+    args.bias = bias.data_ptr() if bias is not None else None
+    out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
+    args.out, args.ldout = out.data_ptr(), entry.cols
+    if lib.norm_can_implement(args) != Status.OK:
+        return None
+    return PreparedNorm(args, x.device, lib, entry.out_dtype)
 
 
 def _norm(
@@ -409,14 +582,28 @@ def _norm(
     entry = kernel_entry(kernel)
     if entry.backend == "reference":
         return _norm_reference(entry, x, weight, bias)
-    lib = entry.library
-    wanted = torch_dtype(lib.info.get("dtype_in", "f32"))
-    weights = [(n, t) for n, t in (("weight", weight), ("bias", bias)) if t is not None]
-    w_dtype = lib.info.get("dtype_weight") or "f32"
-    _check_dtypes(
-        entry.label,
-        [("x", x, wanted)] + [(n, t, torch_dtype(w_dtype)) for n, t in weights],
+    layout = (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        x.device,
+        None if weight is None else (weight.shape, weight.stride(), weight.dtype),
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype),
     )
+    if layout in entry.prepared:
+        prepared = entry.prepared[layout]
+        out = prepared.launch(x, weight, bias) if prepared is not None else None
+        if out is not None:
+            return out
+    else:
+        if len(entry.prepared) >= MAX_PREPARED:
+            entry.prepared.clear()
+        _check_norm_dtypes(entry, x, weight, bias)
+        prepared = entry.prepared[layout] = _prepare_norm(entry, x, weight, bias)
+        out = prepared.launch(x, weight, bias) if prepared is not None else None
+        if out is not None:
+            return out
+    _check_norm_dtypes(entry, x, weight, bias)
     x2, args = _norm_args(entry, x)
     out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
     args.weight = weight.contiguous().data_ptr() if weight is not None else None
@@ -729,17 +916,21 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     lib = entry.library
     assert lib is not None
     label = entry.label or lib.name
-    _pointwise_dtypes(label, entry, inputs, on_cuda=True)
     if out.numel() == 0:
+        _pointwise_dtypes(label, entry, inputs, on_cuda=True)
         return
     vec = int(lib.info.get("vec") or 1)
     key = (
         out.shape,
         out.stride(),
-        tuple((t.shape, t.stride(), t.data_ptr() % (t.element_size() * vec)) for t in inputs),
+        tuple(
+            (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % (t.element_size() * vec))
+            for t in inputs
+        ),
     )
     cached = entry.layouts.get(key)
     if cached is None:
+        _pointwise_dtypes(label, entry, inputs, on_cuda=True)  # dtypes are in the key
         if len(entry.layouts) >= _MAX_LAYOUTS:
             entry.layouts.clear()  # a caller cycling through layouts: start over
         copies = _contiguous_copies(lib.info, inputs)
@@ -753,7 +944,7 @@ def _run_pointwise(entry: PointwiseKernel, inputs: Sequence[torch.Tensor], out) 
     args.out = out.data_ptr()
     for j, t in enumerate(inputs):
         args.inputs[j] = t.data_ptr()
-    stream = torch.cuda.current_stream(out.device).cuda_stream if out.is_cuda else None
+    stream = current_stream(out.device) if out.is_cuda else None
     with device_guard(out.device):
         status = lib.pointwise_run(args, stream)  # it checks can_implement first
     if status == Status.OK:

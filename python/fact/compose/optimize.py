@@ -30,6 +30,7 @@ optimize of the same module skips steps 2-4: it compiles and tunes nothing.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -48,13 +49,14 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from fact import __version__
+from fact import __version__, timing
 from fact.compose.hoist import Hoist
 from fact.compose.impls import (
     AttentionImpl,
     GatedGemmImpl,
     GatedTailImpl,
     GemmImpl,
+    GemmTailImpl,
     HorizontalGemmImpl,
     Impl,
     NormImpl,
@@ -66,6 +68,7 @@ from fact.compose.ops import dependent_launches, dependent_launches_enabled
 from fact.compose.program import Program, pattern_outputs, replace, subgraph
 from fact.compose.report import json_ready
 from fact.errors import FactError
+from fact.timing import Timing
 
 #: relative error bounds: (per pattern against the original subgraph, end to end against float64)
 TOLERANCES = {
@@ -79,7 +82,6 @@ PATTERN_REPS = 20
 #: each turn a median of PATTERN_REPS calls; each is ranked by the median of its turns, so a
 #: drift in clocks during the check does not favour whichever ran first.
 CHECK_ROUNDS = 3
-GUARD_MARGIN = 0.02  # step 8 keeps the original module only when it is this much faster
 
 
 def cache_root() -> Path:
@@ -138,9 +140,15 @@ def _device_of(inputs: Sequence[Any]) -> torch.device:
 
 
 def time_us(fn: Callable[[], Any], device: torch.device, reps: int = PATTERN_REPS) -> float:
-    from fact.tune.harness import time_fn
+    """Median per-call time (us) of fn() (fact.timing's per-call protocol)."""
+    return statistics.median(timing.per_call_times(fn, device, reps=reps))
 
-    return statistics.median(time_fn(fn, reps=reps, warmup=3, flush=True, device=device))
+
+def take_turns(fns: Mapping[Any, Callable[[], Any]], device: torch.device) -> dict[Any, Timing]:
+    """Every callable timed under both protocols (fact.timing), CHECK_ROUNDS turns each in
+    alternating order, so that a drift in clocks favours none of them."""
+    with torch.no_grad():
+        return timing.take_turns(dict(fns), device, rounds=CHECK_ROUNDS, reps=PATTERN_REPS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,7 +202,7 @@ class OptimizedModule(nn.Module):
             "other values of its non-tensor arguments (or its parameters changed dtype or "
             "device since); it runs the original module for such calls. Optimize again for "
             "the new ones.",
-            stacklevel=4,
+            stacklevel=5,
         )
         return True
 
@@ -236,6 +244,7 @@ class OptimizedModule(nn.Module):
         the work done once on parameters is computed again on the next call, and the watched
         buffers and tensor attributes are compared by value."""
         self._hoist.forget()
+        self._program.refresh()
         self._program.recheck_watched()
 
     @property
@@ -251,26 +260,41 @@ class OptimizedModule(nn.Module):
         return list(self._graph_module(*state, *flat_user))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self._forward(args, kwargs)
         with torch.no_grad():
-            if getattr(self, "use_original", False):  # absent in modules copied before it
-                return self.original(*args, **kwargs)
-            try:
-                flat = self._program.flatten(args, kwargs)
-            except FactError as unlike:  # another call structure: the model decides what it is
-                self._warn_once("call", f"FACT: {unlike}; this call runs the original module", 3)
-                return self.original(*args, **kwargs)
-            state = self._program.state_inputs()  # once per call: guard, replay key, graph
-            if self._built_for is not None and self._unlike_build(flat, state):
-                return self.original(*args, **kwargs)
-            stale = self._program.stale_buffers()
+            return self._forward(args, kwargs)
+
+    def _forward(self, args: tuple, kwargs: dict) -> Any:
+        # Every call pays for what is here: keep it to lookups (benchmark sets and
+        # synchronizing callers see the host time before the first launch).
+        if getattr(self, "use_original", False):  # absent in modules copied before it
+            return self.original(*args, **kwargs)
+        program = self._program
+        try:
+            flat = program.flatten(args, kwargs)
+        except FactError as unlike:  # another call structure: the model decides what it is
+            self._warn_once("call", f"FACT: {unlike}; this call runs the original module", 4)
+            return self.original(*args, **kwargs)
+        state = program.state_inputs()  # once per call: guard, replay key, graph
+        if self._built_for is not None and self._unlike_build(flat, state):
+            return self.original(*args, **kwargs)
+        if program.watched:
+            stale = program.stale_buffers()
             if stale:
-                return self._program.unflatten(self._original_graph(flat, stale, state))
-            with dependent_launches(self.pdl and dependent_launches_enabled()):
-                if self.cuda_graphs and _graphable(flat):
-                    outs = self._graphed(flat, state)
-                else:
-                    outs = self.run_graph(flat, state)
-            return self._program.unflatten(outs)
+                return program.unflatten(self._original_graph(flat, stale, state))
+        dependent = self.pdl and dependent_launches_enabled()
+        if dependent == dependent_launches_enabled():
+            outs = self._run(flat, state)
+        else:
+            with dependent_launches(dependent):
+                outs = self._run(flat, state)
+        return program.unflatten(outs)
+
+    def _run(self, flat: Sequence[Any], state: Sequence[Any]) -> list[Any]:
+        if self.cuda_graphs and _graphable(flat):
+            return self._graphed(flat, state)
+        return self.run_graph(flat, state)
 
     def _original_graph(
         self, flat: Sequence[Any], stale: list[str], state: Sequence[Any]
@@ -281,7 +305,7 @@ class OptimizedModule(nn.Module):
             f"FACT: buffers or tensor attributes {stale} changed after optimize, and the plan "
             "may rely on their values (a causal mask, a constant); this module now runs the "
             "original graph. Optimize again to get kernels for the new values.",
-            stacklevel=4,
+            stacklevel=5,
         )
         return list(self._program.graph_module(*state, *flat))
 
@@ -331,7 +355,7 @@ def _signature(flat: Sequence[Any], state: Sequence[Any]) -> tuple | None:
 
 def _graphable(flat: Sequence[Any]) -> bool:
     tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-    return bool(tensors) and all(t.is_cuda for t in tensors) and torch.cuda.is_available()
+    return bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 class _CudaGraph:
@@ -410,12 +434,11 @@ def evaluate(
     pattern: Mapping[str, Any],
     impl: Impl,
     values: Mapping[str, Any],
-    device: torch.device,
     tol: float,
 ) -> tuple[dict[str, Any], Callable[[], Any] | None]:
     """Step 4 for one implementation: its error against the original subgraph's value on the
-    module's own intermediates, and its time there (the first turn; see `choose`). Returns the
-    result and, when it verified, the call that runs it (for the other turns)."""
+    module's own intermediates. Returns the result and, when it verified, the call that runs it
+    as the composed module will (for timing, see `choose`)."""
     result: dict[str, Any] = {
         "impl": impl.name,
         "kind": impl.kind,
@@ -438,7 +461,6 @@ def evaluate(
             if not err <= tol:
                 result["message"] = f"error {err:.3g} exceeds {tol:g}"
                 return result, None
-            result["time_us"] = time_us(lambda: module(*args), device)
     except Exception as exc:  # noqa: BLE001 - any failure rejects this implementation only
         result["message"] = f"{type(exc).__name__}: {exc}"
         return result, None
@@ -446,22 +468,11 @@ def evaluate(
     return result, lambda: module(*args)
 
 
-def _take_turns(
-    base: Callable[[], Any],
-    runs: Mapping[Any, Callable[[], Any]],
-    first: Mapping[Any, float],
-    device: torch.device,
-) -> dict[Any, list[float]]:
-    """CHECK_ROUNDS turns of timing (the first already taken, in `first`): the subgraph
-    ("pytorch") and each verified candidate in turn, so that they share the GPU's conditions;
-    every other round runs them in reverse order, so that none is always timed last."""
-    turns: dict[Any, list[float]] = {key: [t] for key, t in first.items()}
-    order: list[tuple[Any, Callable[[], Any]]] = [("pytorch", base), *runs.items()]
-    with torch.no_grad():
-        for r in range(1, CHECK_ROUNDS):
-            for key, fn in reversed(order) if r % 2 else order:
-                turns[key].append(time_us(fn, device))
-    return turns
+def _record_timing(row: dict[str, Any], t: Timing, prefix: str = "") -> None:
+    """A timing into a decision or candidate row: `<prefix>time_us` is the per-call median (the
+    protocol a benchmark set reports), the rest under `<prefix>timing`."""
+    row[f"{prefix}time_us"] = t.per_call_us
+    row[f"{prefix}timing"] = t.as_dict()
 
 
 def choose(
@@ -474,8 +485,16 @@ def choose(
     require_faster: bool,
     progress: Progress,
 ) -> list[dict[str, Any]]:
-    """Step 4: one decision per plan pattern."""
+    """Step 4: one decision per plan pattern. Every verified implementation and the PyTorch
+    subgraph take turns under both timing protocols (fact.timing); with `require_faster` an
+    implementation is kept only where it beats the subgraph under both, and the best of those
+    (mean of the two) wins.
+
+    Patterns with the same signature, problem and operand layouts (the layers of a model) are
+    timed once: the first of them is timed, and the others reuse its ranking after their own
+    implementations verified on their own values."""
     decisions = []
+    timed: dict[str, dict[str, Any]] = {}  # pattern class -> the first decision's timings
     for index, pattern in enumerate(plan.get("patterns") or []):
         d: dict[str, Any] = {
             "index": index,
@@ -497,45 +516,79 @@ def choose(
             d["reason"] = _no_impl_reason(pattern, device)
             decisions.append(d)
             continue
-        progress(f"checking pattern {index} {pattern.get('signature')} ({len(options)} options)")
         try:
             sub, names, _ = subgraph(program.graph_module.graph, pattern)
             module = program.module(sub)
             args = [values[n] for n in names]
-            with torch.no_grad():  # as the candidates are timed
-                d["eager_us"] = time_us(lambda m=module, a=args: m(*a), device)
         except Exception as exc:  # noqa: BLE001
             d["reason"] = f"the pattern's subgraph cannot run alone: {exc}"
             decisions.append(d)
             continue
         runs: dict[int, Callable[[], Any]] = {}
         for i, impl in enumerate(options):
-            c, run = evaluate(program, pattern, impl, values, device, tol)
+            c, run = evaluate(program, pattern, impl, values, tol)
             d["candidates"].append(c)
             if run is not None:
                 runs[i] = run
-        if runs:
-            first = {"pytorch": d["eager_us"]}
-            first.update({i: d["candidates"][i]["time_us"] for i in runs})
-            turns = _take_turns(lambda m=module, a=args: m(*a), runs, first, device)
-            d["eager_us"] = statistics.median(turns["pytorch"])
-            d["eager_turns_us"] = turns["pytorch"]
-            for i in runs:
-                c = d["candidates"][i]
-                c["time_us"], c["turns_us"] = statistics.median(turns[i]), turns[i]
-                if require_faster and c["time_us"] >= d["eager_us"]:
-                    c["message"] = "slower than the PyTorch subgraph"
-        good = [(c, i) for c, i in zip(d["candidates"], options, strict=True) if c["ok"]]
-        faster = [(c, i) for c, i in good if not require_faster or c["time_us"] < d["eager_us"]]
-        if faster:
-            best, impl = min(faster, key=lambda ci: ci[0]["time_us"])
-            d.update(
-                chosen=impl.name,
-                kind=impl.kind,
-                time_us=best["time_us"],
-                error=best["error"],
-                impl=impl,
+        key = pattern_class(pattern, [impl.name for impl in options])
+        same = timed.get(key)
+        if same is not None:
+            progress(
+                f"checked pattern {index} {pattern.get('signature')} ({len(options)} options): "
+                f"times of pattern {same['index']}, the same problem"
             )
+            d["timed_as"] = same["index"]
+            times = {k: Timing(**t) for k, t in same["times"].items()}
+        else:
+            progress(
+                f"checking pattern {index} {pattern.get('signature')} ({len(options)} options)"
+            )
+            fns: dict[Any, Callable[[], Any]] = {"pytorch": lambda m=module, a=args: m(*a)}
+            fns.update(runs)
+            try:
+                times = take_turns(fns, device)
+            except Exception as exc:  # noqa: BLE001 - the subgraph itself fails to run
+                d["reason"] = f"the pattern's subgraph cannot run alone: {exc}"
+                decisions.append(d)
+                continue
+            timed[key] = {
+                "index": index,
+                "times": {
+                    k: {
+                        "per_call_us": t.per_call_us,
+                        "back_to_back_us": t.back_to_back_us,
+                        "per_call_turns": t.per_call_turns,
+                        "back_to_back_turns": t.back_to_back_turns,
+                    }
+                    for k, t in times.items()
+                },
+            }
+        base = times["pytorch"]
+        d["eager_us"] = base.per_call_us
+        d["eager_timing"] = base.as_dict()
+        for i in runs:
+            c = d["candidates"][i]
+            if i not in times:  # verified here, not where the class was timed
+                c["ok"] = False
+                c["message"] = f"not timed (pattern {same['index']} was timed without it)"
+                continue
+            _record_timing(c, times[i])
+            if require_faster and not times[i].beats(base):
+                c["message"] = (
+                    "not faster than the PyTorch subgraph under both protocols (per call "
+                    f"{times[i].per_call_us:.1f} vs {base.per_call_us:.1f} us, back to back "
+                    f"{times[i].back_to_back_us:.1f} vs {base.back_to_back_us:.1f} us)"
+                )
+        good = [
+            (c, impl, times[i])
+            for i, (c, impl) in enumerate(zip(d["candidates"], options, strict=True))
+            if c["ok"] and i in times
+        ]
+        faster = [g for g in good if not require_faster or g[2].beats(base)]
+        if faster:
+            best, impl, t = min(faster, key=lambda g: g[2].score())
+            d.update(chosen=impl.name, kind=impl.kind, error=best["error"], impl=impl)
+            _record_timing(d, t)
             if impl.detail.get("math"):
                 d["math"] = impl.detail["math"]
         else:
@@ -543,6 +596,41 @@ def choose(
             d["reason"] = f"kept PyTorch ({why})"
         decisions.append(d)
     return decisions
+
+
+def pattern_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) -> str:
+    """What makes two patterns the same work: family, signature, problem, epilogue (its SSA),
+    operand types and broadcasts and attributes, without node names; and the same
+    implementations on offer. Patterns of one class share timings (choose)."""
+    operands = [
+        {
+            "role": o.get("role") if o.get("role") in STRUCTURAL_ROLES else "operand",
+            "type": o.get("type"),
+            "broadcast": o.get("broadcast"),
+            "strides": o.get("strides"),
+        }
+        for o in pattern.get("operands") or []
+    ]
+    attrs = {
+        k: v
+        for k, v in (pattern.get("attrs") or {}).items()
+        if k not in ("parts", "outputs") and not k.endswith("_source")
+    }
+    key = {
+        "family": pattern.get("family"),
+        "signature": pattern.get("signature"),
+        "problem": pattern.get("problem"),
+        "epilogue": pattern.get("epilogue"),
+        "ssa": (pattern.get("epilogue_expr") or {}).get("ssa"),
+        "operands": operands,
+        "attrs": attrs,
+        "impls": list(impl_names),
+    }
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+#: Operand roles that say what an operand is (others are the names of epilogue operands' nodes)
+STRUCTURAL_ROLES = ("a", "b", "x", "weight", "bias", "q", "k", "v", "mask", "gate", "up")
 
 
 def _realize_note(run: Path, index: int, tuned: Sequence[Mapping[str, Any]]) -> str:
@@ -795,8 +883,11 @@ def cache_key(
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@functools.cache
 def _code_digest() -> str:
-    """The engine binary and the composer's sources: decisions made by other code are stale."""
+    """The engine binary and the composer's sources: decisions made by other code are stale.
+    Read once per process: the code that decides is the code this process loaded, whatever
+    is edited or rebuilt on disk while it runs."""
     from fact.engine import find_engine
 
     h = hashlib.sha256()
@@ -820,6 +911,7 @@ def _save_decisions(path: Path, plan, decisions) -> None:
                 "kind": impl.kind,
                 "detail": impl.detail,
                 "library": getattr(impl, "library_path", None),
+                "cached_library": getattr(impl, "cached_library", None),
             }
         rows.append(row)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -828,19 +920,22 @@ def _save_decisions(path: Path, plan, decisions) -> None:
     os.replace(tmp, path)  # atomic: an interrupted run never leaves half a file
 
 
-def _load_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | None:
-    """The cached decisions, or None when there are none or they cannot be used any more."""
+def _load_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | str:
+    """The cached decisions, or why there are none that can be used (a line for the
+    transcript)."""
+    if not path.is_file():
+        return "no decisions cached for this graph, precision, GPU and FACT build"
     try:
         return _read_decisions(path, device)
-    except (FactError, KeyError, TypeError, ValueError, AttributeError, IndexError):
-        return None  # a damaged or outdated record: decide again
+    except (FactError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return f"the cached decisions in {path} cannot be read ({type(exc).__name__}: {exc})"
 
 
-def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | None:
+def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | str:
     try:
         doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"the cached decisions in {path} cannot be read ({exc})"
     plan, rows = doc.get("plan"), doc.get("decisions") or []
     patterns = plan.get("patterns") or []
     for d in rows:
@@ -849,14 +944,19 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
             continue
         pattern = patterns[d["index"]]
         if spec["kind"] == "generated":
-            library = spec.get("library")
-            if not library or not Path(library).is_file():
-                return None  # the kernel cache was cleared: start over
+            found = [p for p in (spec.get("library"), spec.get("cached_library")) if p]
+            library = next((p for p in found if Path(p).is_file()), None)
+            if library is None:
+                return (
+                    f"the kernel {spec.get('name')} of the cached decisions is gone "
+                    f"({' and '.join(found) or 'no path recorded'}): deciding again"
+                )
             d["impl"] = generated_impl(pattern, library, spec["detail"].get("knobs") or {})
+            d["impl"].cached_library = spec.get("cached_library")
         else:
             found = [i for i in library_impls(pattern, device) if i.name == spec["name"]]
             if not found:
-                return None
+                return f"the library implementation {spec['name']} is not available here"
             d["impl"] = found[0]
     return plan, rows
 
@@ -874,6 +974,8 @@ def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str,
         impl = NormImpl(pattern, "cutlass", lib, label=lib.name)
     elif lib.family == "pointwise" and pattern.get("family") == "gated_mlp":
         impl = GatedTailImpl(pattern, "cutlass", lib, label=lib.name)
+    elif lib.family == "pointwise" and pattern.get("family") == "gemm":
+        impl = GemmTailImpl(pattern, "cutlass", lib, label=lib.name)
     elif lib.family == "pointwise":
         impl = PointwiseImpl(pattern, "cutlass", lib, label=lib.name)
     elif pattern.get("family") == "gated_mlp":
@@ -1033,6 +1135,9 @@ def _optimize_once(
             if use_cache and implementations is None
             else None
         )
+        if isinstance(cached, str):
+            progress(f"cold: {cached} (decision key {key[:16]})")
+            cached = None
         values = None
         tuned: dict[int, list[dict]] = {}
         if cached is not None:
@@ -1063,7 +1168,9 @@ def _optimize_once(
                 opts: list[Impl] = []
                 for row in _generated_rows(pattern, tuned.get(index, [])):
                     try:
-                        opts.append(generated_impl(pattern, row["library"], row.get("knobs") or {}))
+                        impl = generated_impl(pattern, row["library"], row.get("knobs") or {})
+                        impl.cached_library = row.get("cached_library")
+                        opts.append(impl)
                     except FactError as exc:
                         progress(f"pattern {index}: {row['kernel']}: {exc}")
                         refused.setdefault(index, []).append(f"{row['kernel']}: {exc}")
@@ -1151,10 +1258,9 @@ def _optimize_once(
 
 def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:
     """Step 7: time the module with and without whole-module CUDA graph replay on the example
-    inputs and keep the faster (replay copies inputs in and outputs out, which can cost more
-    than the launches it saves). The two modes take CHECK_ROUNDS turns, starting alternately,
-    and the medians are compared: timed one after the other, the first ran at a higher clock
-    and won by up to 7 % what the benchmark then measured the other way round."""
+    inputs, under both protocols (fact.timing), in alternating turns. Replay is kept only where
+    it wins under both: it copies inputs in and outputs out, which can cost more on the GPU
+    than the launches it saves on the host."""
     device = _device_of(example)
 
     def no_replay(exc: Exception) -> dict[str, Any]:
@@ -1175,37 +1281,41 @@ def choose_replay(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any
             if not mode:
                 raise
             return no_replay(exc)
-    turns: dict[bool, list[float]] = {True: [], False: []}
-    for r in range(CHECK_ROUNDS):
-        for mode in (True, False) if r % 2 == 0 else (False, True):
+
+    def run(mode: bool) -> Callable[[], Any]:
+        def call() -> Any:
             opt.cuda_graphs = mode
-            try:
-                with torch.no_grad():
-                    turns[mode].append(time_us(lambda: opt(*example), device))
-            except Exception as exc:  # noqa: BLE001 - a replay that fails later: no replay
-                if not mode:
-                    raise
-                return no_replay(exc)
-    times = {mode: statistics.median(t) for mode, t in turns.items()}
-    chosen = "cuda_graph" if times[True] < times[False] else "launches"
+            return opt(*example)
+
+        return call
+
+    try:
+        times = take_turns({True: run(True), False: run(False)}, device)
+    except Exception as exc:  # noqa: BLE001 - a replay that fails later: no replay
+        opt.cuda_graphs = False
+        with torch.no_grad():
+            opt(*example)  # plain launches must work; raise here if they do not
+        return no_replay(exc)
+    chosen = "cuda_graph" if times[True].beats(times[False]) else "launches"
+    opt.cuda_graphs = chosen == "cuda_graph"
     if chosen == "launches":
         object.__setattr__(opt, "_replay", None)  # free the captured graph's buffers
     return {
-        "graph_us": times[True],
-        "launch_us": times[False],
+        "graph_us": times[True].per_call_us,
+        "launch_us": times[False].per_call_us,
+        "graph": times[True].as_dict(),
+        "launches": times[False].as_dict(),
         "chosen": chosen,
-        "graph_turns_us": turns[True],
-        "launch_turns_us": turns[False],
     }
 
 
 def guard(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:
-    """Step 8: the composed module (in the launch mode step 7 chose) and the original module,
-    CHECK_ROUNDS turns each starting alternately, on the example inputs. Every pattern was
-    faster in context, but the whole can still lose: eager may take a fast path the exported
-    graph does not (nn.MultiheadAttention's fused inference path), and host time spent on
-    launches is not in any pattern's timing. The module runs the original where its median is
-    lower by more than GUARD_MARGIN (so that a tie does not flip between runs)."""
+    """Step 8: the composed module (in the launch mode step 7 chose) against the original
+    module on the example inputs, under both protocols, in alternating turns. Every pattern
+    was faster in context, but the whole can still lose: eager may take a fast path the
+    exported graph does not (nn.MultiheadAttention's fused inference path), and host time
+    between launches is in no pattern's timing. The composed module is kept only where it
+    beats the original under both protocols; otherwise the module runs the original."""
     device = _device_of(example)
 
     def original() -> Any:
@@ -1216,15 +1326,14 @@ def guard(opt: OptimizedModule, example: Sequence[Any]) -> dict[str, Any]:
 
     with torch.no_grad():
         original(), composed()  # warm up
-        first = {"pytorch": time_us(original, device), "fact": time_us(composed, device)}
-    turns = _take_turns(original, {"fact": composed}, first, device)
-    fact_us, original_us = statistics.median(turns["fact"]), statistics.median(turns["pytorch"])
+    times = take_turns({"pytorch": original, "fact": composed}, device)
+    fact_t, original_t = times["fact"], times["pytorch"]
     return {
-        "fact_us": fact_us,
-        "original_us": original_us,
-        "chosen": "original" if original_us < (1 - GUARD_MARGIN) * fact_us else "fact",
-        "fact_turns_us": turns["fact"],
-        "original_turns_us": turns["pytorch"],
+        "fact_us": fact_t.per_call_us,
+        "original_us": original_t.per_call_us,
+        "fact": fact_t.as_dict(),
+        "original": original_t.as_dict(),
+        "chosen": "fact" if fact_t.beats(original_t) else "original",
     }
 
 

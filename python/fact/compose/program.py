@@ -85,6 +85,13 @@ class Program:
         # Buffers and tensor constants whose values the plan may rely on (a tril buffer becomes
         # a causal flag): remember the tensor, its version and its values, so a later change
         # is noticed.
+        self._holders: list[tuple[Any, str]] = []
+        self._resolve_state()
+        # Calls whose arguments are N positional leaves (tensors, numbers, None) flatten to
+        # themselves: the per-call path skips pytree for them.
+        n = len(self.user_inputs)
+        plain = pytree.tree_structure((tuple(range(n)), {}))
+        self._plain_arity = n if self.in_spec == plain else None
         self.watched: list[tuple[str, torch.Tensor, int, torch.Tensor]] = []
         self.watch(
             spec.target
@@ -95,9 +102,11 @@ class Program:
     def watch(self, targets: Iterable[str]) -> None:
         """Watch exactly these buffers and tensor constants (by name) for changes from now on."""
         self.watched = []
+        self._watch_holders = {}
         for name in targets:
             t = self.state_tensor(name)
             self.watched.append((name, t, t._version, t.detach().clone()))
+            self._watch_holders[name] = self._holder(name, parameter=False)
 
     def state_tensor(self, target: str) -> torch.Tensor:
         """A buffer or tensor constant of the model as it is now: the module's attribute (a
@@ -164,9 +173,11 @@ class Program:
         """
         stale = []
         for i, (name, tensor, version, values) in enumerate(self.watched):
-            now = self.state_tensor(name)
+            table, key = self._watch_holders[name]
+            now = table.get(key) if isinstance(table, dict) else None
             if now is tensor and now._version == version:
                 continue
+            now = self.state_tensor(name)
             same = now.shape == values.shape and now.dtype == values.dtype
             if same and bool(torch.equal(now.detach(), values.to(now.device))):
                 self.watched[i] = (name, now, now._version, values)
@@ -175,28 +186,67 @@ class Program:
         return stale
 
     # -- feeding the graph ------------------------------------------------------------------
-    def state_inputs(self) -> list[Any]:
-        """Parameters, buffers and constants, in placeholder order, read from the model now."""
-        values = []
+    def _resolve_state(self) -> None:
+        """Where each state placeholder's tensor lives now: the dict of the module that holds
+        it (its _parameters or _buffers, or its __dict__ for a plain tensor attribute) and the
+        key, so a call reads it with one lookup and still sees a new tensor assigned to the
+        attribute. Kinds torch.export has no state for are refused here, once."""
+        holders: list[tuple[Any, str]] = []
         for spec in self.input_specs:
-            if spec.kind == InputKind.PARAMETER:
-                values.append(self.model.get_parameter(spec.target))
-            elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-                values.append(self.state_tensor(spec.target))
-            elif spec.kind == InputKind.CUSTOM_OBJ:
-                values.append(self.exported.constants[spec.target])
-            elif spec.kind == InputKind.USER_INPUT:
+            if spec.kind == InputKind.USER_INPUT:
                 continue
+            if spec.kind == InputKind.PARAMETER:
+                holders.append(self._holder(spec.target, parameter=True))
+            elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                holders.append(self._holder(spec.target, parameter=False))
+            elif spec.kind == InputKind.CUSTOM_OBJ:
+                holders.append((self.exported.constants, spec.target))
             else:
                 raise FactError(
                     f"exported input {spec.arg.name}: kind {spec.kind} is not supported"
                 )
-        return values
+        self._holders = holders
+
+    def _holder(self, target: str, parameter: bool) -> tuple[Any, str]:
+        prefix, _, attr = target.rpartition(".")
+        try:
+            owner = self.model.get_submodule(prefix) if prefix else self.model
+        except AttributeError:
+            owner = None
+        if owner is not None:
+            for where in ("_parameters",) if parameter else ("_buffers", "__dict__", "_parameters"):
+                table = getattr(owner, where, None)
+                if isinstance(table, dict) and isinstance(table.get(attr), torch.Tensor):
+                    return table, attr
+        if parameter:
+            return _Lookup(self.model.get_parameter), target
+        if target in self.exported.constants:  # made in forward, or no module attribute
+            return self.exported.constants, target
+        return _Lookup(self.state_tensor), target
+
+    def refresh(self) -> None:
+        """Find every state tensor again (after a submodule was replaced)."""
+        self._resolve_state()
+        self._watch_holders = {n: self._holder(n, parameter=False) for n, *_ in self.watched}
+
+    def state_inputs(self) -> list[Any]:
+        """Parameters, buffers and constants, in placeholder order, read from the model now."""
+        try:
+            return [table[key] for table, key in self._holders]
+        except KeyError:  # an attribute deleted or moved since: find them again
+            self._resolve_state()
+            return [table[key] for table, key in self._holders]
 
     def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> list[Any]:
         """The user's call arguments as the graph's user-input placeholders. Arguments passed
         by keyword that the example passed by position (`opt(x=x)`, Hugging Face's
         `model(input_ids=..., attention_mask=...)`) are bound to forward's signature first."""
+        if (
+            not kwargs
+            and len(args) == self._plain_arity
+            and all(type(a) in _LEAF_TYPES for a in args)
+        ):
+            return list(args)
         flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
         expected = self.in_spec
         if expected is None or spec == expected:
@@ -260,6 +310,22 @@ class Program:
 
     def module(self, graph: fx.Graph) -> fx.GraphModule:
         return fx.GraphModule(self.graph_module, graph)
+
+
+#: Argument types that are pytree leaves (a call made of them alone flattens to itself)
+_LEAF_TYPES = frozenset(
+    {torch.Tensor, torch.nn.Parameter, int, float, bool, complex, str, type(None)}
+)
+
+
+class _Lookup:
+    """A getter seen as a mapping: the state holder of a tensor that no module dict holds."""
+
+    def __init__(self, get: Callable[[str], Any]):
+        self.get_value = get
+
+    def __getitem__(self, key: str) -> Any:
+        return self.get_value(key)
 
 
 def written_args(n: fx.Node) -> list[Any]:

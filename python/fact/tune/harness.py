@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from fact.errors import FactError
+from fact.timing import MIN_REPS, before_timed_call  # noqa: F401 - re-exported for bench/
+from fact.timing import kernel_times as time_fn
 from fact.tune.abi import (
     RASTER,
     AbiError,
@@ -77,12 +79,7 @@ TOL_F32_HIGHEST = 1e-5  # f32-accurate results ("highest"; also 16-bit inputs wi
 TOL_ATTENTION = 1e-2
 
 PRECISIONS = ("highest", "high", "medium")
-MIN_REPS = 20  # timing: median of at least this many repetitions
 DEFAULT_WARMUP = 5
-FLUSH_BYTES = 256 << 20  # written between reps: far more than the H200's 50 MB L2
-# GPU spin before each timed region (~20 us at the H200's ~2 GHz SM clock), so that the host's
-# side of the launch (ctypes, CUTLASS's initialize) happens while the GPU is busy, never timed.
-BACKLOG_CYCLES = 40_000
 # The watchdog: how long a candidate may go without progress (loading its library, verifying
 # it, timing one knob setting) before it counts as a hung kernel, a fault. Each of those steps
 # takes seconds; a kernel that deadlocks never finishes one.
@@ -224,18 +221,6 @@ def _workspace(lib: KernelLibrary, args, device):
         return None, None, 0
     buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return buf, buf.data_ptr(), nbytes
-
-
-_FLUSH: dict[str, Any] = {}
-
-
-def _flush_buffer(device):
-    import torch
-
-    key = str(device)
-    if key not in _FLUSH:
-        _FLUSH[key] = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-    return _FLUSH[key]
 
 
 def _load(lib: KernelLibrary | str | os.PathLike[str]) -> KernelLibrary:
@@ -443,53 +428,6 @@ def verify_pytorch(
 
 # ---------------------------------------------------------------------------------------------
 # Timing
-
-
-def before_timed_call(device, flush: bool = True) -> Callable[[], None]:
-    """What precedes every timed call on a CUDA device: the L2 flush (when `flush`; it evicts
-    A, B and the operands, so every call reads from HBM), then a backlog on the GPU
-    (torch.cuda._sleep: private but long-standing, skipped where missing), so the host enqueues
-    the call while the GPU is still busy."""
-    import torch
-
-    buf = _flush_buffer(device) if flush else None
-    sleep = getattr(torch.cuda, "_sleep", None)
-
-    def before() -> None:
-        if buf is not None:
-            buf.zero_()
-        if sleep is not None:
-            sleep(BACKLOG_CYCLES)
-
-    return before
-
-
-def time_fn(fn: Callable[[], None], *, reps: int, warmup: int, flush: bool, device) -> list[float]:
-    """Per-rep times (us) of fn(): CUDA events around each call, L2 flushed before each."""
-    import torch
-
-    if reps < MIN_REPS:
-        raise FactError(f"timing needs at least {MIN_REPS} repetitions, got {reps}")
-    for _ in range(warmup):
-        fn()
-    if device.type != "cuda":  # the CPU tests' fake kernels: wall clock, no cache games
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        return times
-    _sync(device)
-    before = before_timed_call(device, flush)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends, strict=True):
-        before()
-        start.record()
-        fn()
-        end.record()
-    _sync(device)
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
 
 
 def time_kernel(

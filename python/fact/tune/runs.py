@@ -108,10 +108,27 @@ def tune_run(
         for e in pending
         if tuned_pattern(plan["patterns"][e["pattern_index"]], e).get("family") in TUNED_FAMILIES
     ]
+    # A model's layers repeat their patterns: a kernel is tuned once per (signature, problem),
+    # and the other patterns with that problem take its registry rows below.
     fresh: list[dict] = []
+    seen: dict[tuple, int] = {}
     for index in sorted({e["pattern_index"] for e in pending}):
         pattern = tuned_pattern(plan["patterns"][index])
-        entries = [e for e in pending if e["pattern_index"] == index]
+        entries = []
+        for e in pending:
+            if e["pattern_index"] != index:
+                continue
+            key = (
+                tuned_pattern(plan["patterns"][index], e)["signature"],
+                json.dumps(tuned_pattern(plan["patterns"][index], e)["problem"], sort_keys=True),
+                e["kernel"],
+            )
+            if seen.setdefault(key, index) == index:
+                entries.append(e)
+        if not entries:
+            if progress:
+                progress(f"tuning pattern {index}: the same kernels and problem as an earlier one")
+            continue
         if progress:
             progress(f"tuning pattern {index} {pattern.get('signature')}: {len(entries)} kernels")
         rows = harness.tune(pattern, entries, precision, arch=arch, device=device)
@@ -145,6 +162,7 @@ def tune_run(
                     "source": "realize",
                     "kernel": entry["kernel"],
                     "library": entry["library"],
+                    "cached_library": entry.get("cached_library"),
                     "config": entry["config"],
                 }
             )
@@ -183,7 +201,12 @@ def tune_run(
                 "knobs": row.get("knobs") or {},
                 "source": "registry",
             }
-        cand.update(kernel=entry["kernel"], library=entry["library"], config=entry["config"])
+        cand.update(
+            kernel=entry["kernel"],
+            library=entry["library"],
+            cached_library=entry.get("cached_library"),
+            config=entry["config"],
+        )
         best.setdefault(index, []).append(cand)
     for index, rows in best.items():
         rows.sort(key=lambda r: r.get("time_us") or float("inf"))
