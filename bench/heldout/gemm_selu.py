@@ -1,0 +1,25 @@
+"""Linear 8192->8192 at batch 1024, SELU (an activation outside FACT's vocabulary). Held out: FACT
+was not developed against it."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+M, K, N = 1024, 8192, 8192
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(K, N, bias=True)
+
+    def forward(self, x):
+        return F.selu(self.fc(x))
+
+
+def get_inputs():
+    return [torch.randn(M, K)]
+
+
+def get_init_inputs():
+    return []
