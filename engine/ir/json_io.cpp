@@ -1,5 +1,7 @@
 #include "ir/json_io.h"
 
+#include <algorithm>
+
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -22,6 +24,25 @@ struct Loader {
   }
 
   static std::string where_node(const std::string& name) { return "node '" + name + "'"; }
+
+  // Names are what torch.export writes (letters, digits, '_'; targets add '.' between module
+  // attributes): anything else (a newline, a quote, a comment marker) is refused here, so no
+  // later stage, emitted source or message carries such text.
+  void check_name(const std::string& text, const std::string& where, const char* what) {
+    const bool ok = !text.empty() && text.size() <= 512 && std::all_of(text.begin(), text.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+             ch == '.' || ch == '-';
+    });
+    if (!ok) {
+      std::string shown;
+      for (char ch : text.substr(0, 60)) {
+        shown += (ch >= 0x20 && ch < 0x7f && ch != '\\') ? std::string(1, ch) : "?";
+      }
+      fail(where, std::string("has a ") + what + " ('" + shown + (text.size() > 60 ? "...'" : "'") +
+                      ") that is not 1 to 512 letters, digits, '_', '.' or '-'; names are torch.export's, "
+                      "so re-trace the module with `fact trace` rather than editing them");
+    }
+  }
 
   Arg parse_arg(const json& j, const std::string& where) {
     Arg a;
@@ -134,6 +155,7 @@ struct Loader {
     if (!j.contains("name") || !j["name"].is_string()) fail(where_idx, "has no \"name\"");
     Node n;
     n.name = j["name"].get<std::string>();
+    check_name(n.name, where_idx, "name");
     const auto where = where_node(n.name);
     if (g.by_name.count(n.name)) fail(where, "is defined twice");
     if (!j.contains("op") || !j["op"].is_string()) fail(where, "has no \"op\"");
@@ -154,6 +176,7 @@ struct Loader {
       fail(where, "op '" + n.target_op + "' does not agree with kind '" + kind + "'");
     }
     n.target = j.value("target", std::string());
+    if (!n.target.empty()) check_name(n.target, where, "target");
     n.module = j.value("module", std::string());
     if (j.contains("outputs")) {
       if (!j["outputs"].is_array()) fail(where, "\"outputs\" must be a list");

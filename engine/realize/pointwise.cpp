@@ -72,15 +72,14 @@ std::string call(const json& e, const std::vector<std::string>& a) {
   }
   if (fn == "pow") {
     arity(2);
-    // A constant exponent of a few common values as multiplies and roots: powf is tens of
-    // instructions, and a written-out GELU's x ** 3 would make its region compute-bound.
+    // A small integer exponent as multiplies (within an ulp or two of powf, with the same special
+    // values but for overflow past 1e19): powf is tens of instructions, and a written-out
+    // GELU's x ** 3 would make its region compute-bound.
     const std::string x = a[0], y = a[1];
     if (y == literal(1)) return x;
     if (y == literal(2)) return "(" + x + " * " + x + ")";
     if (y == literal(3)) return "(" + x + " * " + x + " * " + x + ")";
     if (y == literal(4)) return "((" + x + " * " + x + ") * (" + x + " * " + x + "))";
-    if (y == literal(0.5)) return "sqrtf(" + x + ")";
-    if (y == literal(-0.5)) return "rsqrtf(" + x + ")";
     if (y == literal(-1)) return "(1.0f / " + x + ")";
     if (y == literal(-2)) return "(1.0f / (" + x + " * " + x + "))";
     return "powf(" + x + ", " + y + ")";

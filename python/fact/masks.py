@@ -15,7 +15,6 @@ correct.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
@@ -86,15 +85,18 @@ def _vmap_level() -> int:
     return -1 if level is None else int(level)
 
 
+#: The calls without a value that a vmapped mask function leaves in an exported graph
+_VMAP_CALLS = ("_vmap_increment_nesting", "_vmap_decrement_nesting", "lazy_load_decompositions")
+
+
 def _side_effect(n: fx.Node) -> bool:
-    """A call of a plain function (no ATen op) that nothing reads and whose traced value is
-    None: vmap's nesting counters and the decompositions' lazy loading."""
+    """vmap's nesting counters and its decompositions' lazy loading: calls that nothing reads,
+    which must run (in pairs) around a vmapped mask function's ops."""
     return (
         n.op == "call_function"
         and not n.users
-        and not isinstance(n.target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator))
-        and n.meta.get("val") is None
-        and n.target is not operator.getitem
+        and getattr(n.target, "__name__", "") in _VMAP_CALLS
+        and "functorch" in getattr(n.target, "__module__", "")
     )
 
 
@@ -143,11 +145,12 @@ def rewrite(program: torch.export.ExportedProgram) -> list[str]:
             continue
         try:
             value = evaluate(mask, node)
+            if not isinstance(value, torch.Tensor):
+                continue
+            value = value.cpu()
+            kind = classify(value, q.shape[-2], k.shape[-2])
         except Exception:  # noqa: BLE001 - a mask we cannot evaluate here stays as it is
             continue
-        if not isinstance(value, torch.Tensor):
-            continue
-        kind = classify(value, q.shape[-2], k.shape[-2])
         if kind == "other":
             continue
         args = list(node.args)

@@ -18,6 +18,7 @@ On a CPU device (the tests' PyTorch twins of kernels) each protocol takes wall-c
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ BACKLOG_CYCLES = 40_000
 # waits for the GPU while its host time is read.
 HOST_BACKLOG_CYCLES = 50_000_000
 BACK_TO_BACK_CALLS = 20
+#: Timing.beats: a ratio within this of 1 is a tie
+TIE = 0.005
 
 _FLUSH: dict[str, Any] = {}
 
@@ -62,6 +65,15 @@ def _wall(fn: Callable[[], Any], reps: int) -> list[float]:
         fn()
         times.append((time.perf_counter() - t0) * 1e6)
     return times
+
+
+def _on(device):
+    """The device's context for events and streams (a no-op on the CPU)."""
+    import contextlib
+
+    import torch
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _check_reps(reps: int) -> None:
@@ -98,17 +110,18 @@ def kernel_times(
         fn()
     if device.type != "cuda":
         return _wall(fn, reps)
-    sync(device)
-    before = before_timed_call(device, flush)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends, strict=True):
-        before()
-        start.record()
-        fn()
-        end.record()
-    sync(device)
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
+    with _on(device):
+        sync(device)
+        before = before_timed_call(device, flush)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for start, end in zip(starts, ends, strict=True):
+            before()
+            start.record()
+            fn()
+            end.record()
+        sync(device)
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True)]
 
 
 def per_call_times(
@@ -124,16 +137,17 @@ def per_call_times(
         return _wall(fn, reps)
     buf = _flush_buffer(device) if flush else None
     times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        if buf is not None:
-            buf.zero_()
-        torch.cuda.synchronize(device)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        times.append(start.elapsed_time(end) * 1e3)
+    with _on(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(reps):
+            if buf is not None:
+                buf.zero_()
+            torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end) * 1e3)
     return times
 
 
@@ -154,15 +168,17 @@ def back_to_back_times(
     if device.type != "cuda":
         return [statistics.mean(_wall(fn, calls)) for _ in range(rounds)]
     times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        times.append(start.elapsed_time(end) * 1e3 / calls)
+    with _on(device):
+        for _ in range(rounds):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end) * 1e3 / calls)
     return times
 
 
@@ -174,14 +190,15 @@ def host_times(fn: Callable[[], Any], device, *, reps: int = 10) -> list[float]:
     fn()
     sleep = getattr(torch.cuda, "_sleep", None) if device.type == "cuda" else None
     times = []
-    for _ in range(reps):
+    with _on(device):
+        for _ in range(reps):
+            sync(device)
+            if sleep is not None:
+                sleep(HOST_BACKLOG_CYCLES)
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
         sync(device)
-        if sleep is not None:
-            sleep(HOST_BACKLOG_CYCLES)
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    sync(device)
     return times
 
 
@@ -194,12 +211,15 @@ class Timing:
     per_call_turns: list[float] = field(default_factory=list)
     back_to_back_turns: list[float] = field(default_factory=list)
 
-    def beats(self, other: Timing, margin: float = 0.0) -> bool:
-        """Faster than `other` under both protocols, each by more than `margin` (a fraction)."""
-        return (
-            self.per_call_us < (1 - margin) * other.per_call_us
-            and self.back_to_back_us < (1 - margin) * other.back_to_back_us
+    def beats(self, other: Timing, tie: float = TIE) -> bool:
+        """Faster than `other` under both protocols: faster by more than `tie` (a fraction)
+        under at least one and not slower by more than `tie` under the other. Differences
+        within `tie` are ties, which a remeasurement could flip either way: they never decide."""
+        ratios = (
+            self.per_call_us / other.per_call_us if other.per_call_us else math.inf,
+            self.back_to_back_us / other.back_to_back_us if other.back_to_back_us else math.inf,
         )
+        return all(r <= 1 + tie for r in ratios) and any(r < 1 - tie for r in ratios)
 
     def score(self) -> float:
         """One number to rank candidates that all beat the baseline: the mean of the two."""
@@ -223,20 +243,34 @@ def measure_turn(fn: Callable[[], Any], device, reps: int = MIN_REPS) -> tuple[f
 
 
 def take_turns(
-    fns: dict[Any, Callable[[], Any]], device, rounds: int = 3, reps: int = MIN_REPS
+    fns: dict[Any, Callable[[], Any]],
+    device,
+    rounds: int = 3,
+    reps: int = MIN_REPS,
+    errors: dict[Any, str] | None = None,
 ) -> dict[Any, Timing]:
     """Each callable timed under both protocols, `rounds` turns in alternating order (so clock
-    drift favours none of them); medians over the turns."""
+    drift favours none of them); medians over the turns. With `errors`, a callable that raises
+    is left out from then on and its error recorded there; without, the exception propagates."""
     turns: dict[Any, tuple[list[float], list[float]]] = {key: ([], []) for key in fns}
     order = list(fns.items())
     for r in range(rounds):
         for key, fn in reversed(order) if r % 2 else order:
-            pc, b2b = measure_turn(fn, device, reps)
+            if errors is not None and key in errors:
+                continue
+            try:
+                pc, b2b = measure_turn(fn, device, reps)
+            except Exception as exc:
+                if errors is None:
+                    raise
+                errors[key] = f"{type(exc).__name__}: {exc}"
+                continue
             turns[key][0].append(pc)
             turns[key][1].append(b2b)
     return {
         key: Timing(statistics.median(pc), statistics.median(b2b), pc, b2b)
         for key, (pc, b2b) in turns.items()
+        if pc and (errors is None or key not in errors)
     }
 
 

@@ -34,7 +34,9 @@ def test_beats_needs_both_protocols():
     assert not Timing(90.0, 101.0).beats(base)  # faster per call, slower back to back
     assert not Timing(101.0, 50.0).beats(base)  # the other way round
     assert not Timing(100.0, 100.0).beats(base)  # a tie keeps what was there
-    assert not Timing(97.0, 97.0).beats(base, margin=0.05)
+    assert not Timing(99.8, 99.7).beats(base)  # so do differences within the noise
+    assert Timing(90.0, 100.3).beats(base)  # a clear win and a tie
+    assert not Timing(97.0, 97.0).beats(base, tie=0.05)
     assert Timing(90.0, 90.0).score() < Timing(80.0, 120.0).score()
 
 
@@ -82,7 +84,7 @@ def _scripted(monkeypatch, script):
     """optimize's take_turns answering from `script`: {key kind: Timing}, where the key kind is
     "pytorch" for the subgraph (and the original module) and "other" for everything else."""
 
-    def fake(fns, device):
+    def fake(fns, device, errors=None):
         return {k: script["pytorch" if k == "pytorch" else "other"] for k in fns}
 
     monkeypatch.setattr(optimize_mod, "take_turns", fake)
@@ -135,7 +137,7 @@ def test_the_guard_keeps_the_composed_module_only_where_it_wins_under_both(
     monkeypatch.setattr(
         optimize_mod,
         "take_turns",
-        lambda fns, device: {"pytorch": Timing(100.0, 100.0), "fact": fact_t},
+        lambda fns, device, errors=None: {"pytorch": Timing(100.0, 100.0), "fact": fact_t},
     )
     g = optimize_mod.guard(opt, [x])
     assert g["chosen"] == chosen, g
@@ -147,14 +149,14 @@ def test_replay_is_kept_only_where_it_wins_under_both(engine_available, tmp_path
     monkeypatch.setattr(
         optimize_mod,
         "take_turns",
-        lambda fns, device: {True: Timing(40.0, 120.0), False: Timing(100.0, 100.0)},
+        lambda fns, device, errors=None: {True: Timing(40.0, 120.0), False: Timing(100.0, 100.0)},
     )
     r = optimize_mod.choose_replay(opt, [x])
     assert r["chosen"] == "launches" and not opt.cuda_graphs and opt._replay is None
     monkeypatch.setattr(
         optimize_mod,
         "take_turns",
-        lambda fns, device: {True: Timing(40.0, 90.0), False: Timing(100.0, 100.0)},
+        lambda fns, device, errors=None: {True: Timing(40.0, 90.0), False: Timing(100.0, 100.0)},
     )
     assert optimize_mod.choose_replay(opt, [x])["chosen"] == "cuda_graph"
 
@@ -176,7 +178,7 @@ def test_identical_patterns_are_timed_once(engine_available, tmp_path, monkeypat
 
     timed = []
 
-    def fake(fns, device):
+    def fake(fns, device, errors=None):
         timed.append(len(fns))
         return {k: Timing(100.0, 100.0) if k == "pytorch" else Timing(50.0, 50.0) for k in fns}
 
@@ -191,3 +193,15 @@ def test_identical_patterns_are_timed_once(engine_available, tmp_path, monkeypat
     with torch.no_grad():
         want = model(x)
     assert torch.allclose(opt(x), want, atol=1e-5)
+
+
+def test_a_candidate_that_fails_while_timed_is_dropped_alone():
+    def broken():
+        raise RuntimeError("an illegal memory access")
+
+    errors: dict = {}
+    fns = {"pytorch": lambda: None, 1: broken, 2: lambda: None}
+    times = timing.take_turns(fns, CPU, errors=errors)
+    assert set(times) == {"pytorch", 2} and "illegal memory access" in errors[1]
+    with pytest.raises(RuntimeError):
+        timing.take_turns({"pytorch": lambda: None, 1: broken}, CPU)

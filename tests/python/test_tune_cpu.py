@@ -2498,6 +2498,37 @@ def test_tune_run_tunes_a_kernel_shared_by_two_patterns_for_each(
     assert problems == {0: short["problem"], 1: longer["problem"]}
 
 
+def test_tune_run_tunes_repeated_patterns_once(engine_available, fake_attention, tmp_path):
+    """The layers of a model repeat their patterns (same signature, same problem): a kernel is
+    tuned once for all of them, and every repeat takes the first one's rows, not a registry
+    lookup that might miss."""
+    from fact.engine import run_engine
+    from fact.tune.runs import tune_run
+
+    run = tmp_path / "run"
+    (run / "lib").mkdir(parents=True)
+    layer = attention_pattern(causal=True)
+    (run / "plan.json").write_text(json.dumps({"arch": "sm90", "patterns": [layer] * 3}))
+    shutil.copy(fake_attention("att_good"), run / "lib" / "good.so")
+    manifest = [
+        {"pattern_index": i, "family": "attention", "kernel": "good", "status": "compiled",
+         "library": "lib/good.so", "config": attention_info("good")["config"]}
+        for i in range(3)
+    ]  # fmt: skip
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    registry = ["--registry", str(tmp_path / "r.db")]
+    seed = tmp_path / "seed.json"
+    seed.write_text(json.dumps({"fact_registry_export": 1, "schema_version": 2, "rows": []}))
+    run_engine(["registry", "import", str(seed), *registry])
+    best = tune_run(run, "highest", registry=registry, device="cpu")
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert sorted({r["pattern_index"] for r in rows}) == [0]  # tuned once
+    for index in range(3):
+        assert [(r["kernel"], r.get("source")) for r in best[index] if r["kernel"] == "good"] == [
+            ("good", "tuned")
+        ]
+
+
 def test_tune_run_measures_attention_kernels(engine_available, fake_attention, tmp_path):
     """A realize run directory with an attention pattern: its kernels are tuned (rows with
     time_us and error, source "tuned"), the registry keeps them, and a second call reads them

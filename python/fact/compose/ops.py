@@ -299,6 +299,7 @@ def _gemm_fake(a, b, operands, kernel):
 # can_implement said yes, or the call takes the checked path.
 
 MAX_PREPARED = 64  # layouts kept per kernel; a caller cycling through more starts over
+_UNSEEN = object()
 
 
 def gemm_call_key(entry: GemmKernel, a: torch.Tensor, b: torch.Tensor, operands) -> tuple:
@@ -590,8 +591,8 @@ def _norm(
         None if weight is None else (weight.shape, weight.stride(), weight.dtype),
         None if bias is None else (bias.shape, bias.stride(), bias.dtype),
     )
-    if layout in entry.prepared:
-        prepared = entry.prepared[layout]
+    prepared = entry.prepared.get(layout, _UNSEEN)
+    if prepared is not _UNSEEN:
         out = prepared.launch(x, weight, bias) if prepared is not None else None
         if out is not None:
             return out

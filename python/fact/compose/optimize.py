@@ -144,11 +144,18 @@ def time_us(fn: Callable[[], Any], device: torch.device, reps: int = PATTERN_REP
     return statistics.median(timing.per_call_times(fn, device, reps=reps))
 
 
-def take_turns(fns: Mapping[Any, Callable[[], Any]], device: torch.device) -> dict[Any, Timing]:
+def take_turns(
+    fns: Mapping[Any, Callable[[], Any]],
+    device: torch.device,
+    errors: dict[Any, str] | None = None,
+) -> dict[Any, Timing]:
     """Every callable timed under both protocols (fact.timing), CHECK_ROUNDS turns each in
-    alternating order, so that a drift in clocks favours none of them."""
+    alternating order, so that a drift in clocks favours none of them. With `errors`, one that
+    raises is dropped and its error recorded there."""
     with torch.no_grad():
-        return timing.take_turns(dict(fns), device, rounds=CHECK_ROUNDS, reps=PATTERN_REPS)
+        return timing.take_turns(
+            dict(fns), device, rounds=CHECK_ROUNDS, reps=PATTERN_REPS, errors=errors
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,12 +552,14 @@ def choose(
             )
             fns: dict[Any, Callable[[], Any]] = {"pytorch": lambda m=module, a=args: m(*a)}
             fns.update(runs)
-            try:
-                times = take_turns(fns, device)
-            except Exception as exc:  # noqa: BLE001 - the subgraph itself fails to run
-                d["reason"] = f"the pattern's subgraph cannot run alone: {exc}"
+            failed: dict[Any, str] = {}
+            times = take_turns(fns, device, failed)
+            if "pytorch" not in times:  # the subgraph itself fails to run
+                d["reason"] = f"the pattern's subgraph cannot run alone: {failed.get('pytorch')}"
                 decisions.append(d)
                 continue
+            for i, why in failed.items():  # a candidate that failed while it was timed
+                d["candidates"][i].update(ok=False, message=f"failed while timed: {why}")
             timed[key] = {
                 "index": index,
                 "times": {
@@ -568,9 +577,9 @@ def choose(
         d["eager_timing"] = base.as_dict()
         for i in runs:
             c = d["candidates"][i]
-            if i not in times:  # verified here, not where the class was timed
-                c["ok"] = False
-                c["message"] = f"not timed (pattern {same['index']} was timed without it)"
+            if i not in times:  # failed while timed, here or where the class was timed
+                if c["ok"]:
+                    c.update(ok=False, message=f"not timed (pattern {d.get('timed_as')})")
                 continue
             _record_timing(c, times[i])
             if require_faster and not times[i].beats(base):

@@ -191,6 +191,8 @@ class Program:
         it (its _parameters or _buffers, or its __dict__ for a plain tensor attribute) and the
         key, so a call reads it with one lookup and still sees a new tensor assigned to the
         attribute. Kinds torch.export has no state for are refused here, once."""
+        _watch_structure()
+        self._structure = _STRUCTURE[0]
         holders: list[tuple[Any, str]] = []
         for spec in self.input_specs:
             if spec.kind == InputKind.USER_INPUT:
@@ -225,16 +227,18 @@ class Program:
         return _Lookup(self.state_tensor), target
 
     def refresh(self) -> None:
-        """Find every state tensor again (after a submodule was replaced)."""
+        """Find every state tensor again (done by itself after a submodule is set anywhere)."""
         self._resolve_state()
         self._watch_holders = {n: self._holder(n, parameter=False) for n, *_ in self.watched}
 
     def state_inputs(self) -> list[Any]:
         """Parameters, buffers and constants, in placeholder order, read from the model now."""
+        if self._structure != _STRUCTURE[0]:  # a submodule was set somewhere (a swap?)
+            self.refresh()
         try:
             return [table[key] for table, key in self._holders]
         except KeyError:  # an attribute deleted or moved since: find them again
-            self._resolve_state()
+            self.refresh()
             return [table[key] for table, key in self._holders]
 
     def flatten(self, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> list[Any]:
@@ -310,6 +314,23 @@ class Program:
 
     def module(self, graph: fx.Graph) -> fx.GraphModule:
         return fx.GraphModule(self.graph_module, graph)
+
+
+#: Bumped whenever any module in the process sets a submodule (nn.Module's global registration
+#: hook): a Program then finds its state tensors again, in case one of its submodules was
+#: replaced (a LoRA or quantized layer swapped in).
+_STRUCTURE = [0]
+_STRUCTURE_HOOK: list[Any] = []
+
+
+def _watch_structure() -> None:
+    if not _STRUCTURE_HOOK:
+        register = torch.nn.modules.module.register_module_module_registration_hook
+        _STRUCTURE_HOOK.append(register(_structure_changed))
+
+
+def _structure_changed(module: nn.Module, name: str, submodule: Any) -> None:
+    _STRUCTURE[0] += 1
 
 
 #: Argument types that are pytree leaves (a call made of them alone flattens to itself)

@@ -29,6 +29,12 @@ def _read_json(path: Path) -> Any:
         ) from None
 
 
+def _tuning_key(plan: dict, entry: dict) -> tuple:
+    """What a kernel is tuned for: its pattern's signature and problem, and the kernel."""
+    pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]], entry)
+    return (pattern["signature"], json.dumps(pattern["problem"], sort_keys=True), entry["kernel"])
+
+
 def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
     """The run's manifest entries that the registry has no passed row for (same signature,
     arch, problem and config), or None when there is no registry to ask yet."""
@@ -118,12 +124,7 @@ def tune_run(
         for e in pending:
             if e["pattern_index"] != index:
                 continue
-            key = (
-                tuned_pattern(plan["patterns"][index], e)["signature"],
-                json.dumps(tuned_pattern(plan["patterns"][index], e)["problem"], sort_keys=True),
-                e["kernel"],
-            )
-            if seen.setdefault(key, index) == index:
+            if seen.setdefault(_tuning_key(plan, e), index) == index:
                 entries.append(e)
         if not entries:
             if progress:
@@ -167,10 +168,11 @@ def tune_run(
                 }
             )
             continue
+        tuned_as = seen.get(_tuning_key(plan, entry), index)  # a repeated pattern: the first's
         mine = [
             r
             for r in fresh
-            if r.get("pattern_index") == index and r.get("library") == entry["library"]
+            if r.get("pattern_index") == tuned_as and r.get("library") == entry["library"]
         ]
         if mine:
             row = mine[0]

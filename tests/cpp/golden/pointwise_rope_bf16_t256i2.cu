@@ -28,9 +28,9 @@ constexpr int kVecsPerRow = kCols / kVec;
 // (one vector load, straight-line code), 2 broadcast (one value), 0 strided (decided at run time).
 constexpr int kAccess[] = {1, 1, 1};
 constexpr int kInputBytes[] = {2, 2, 2};  // element size per input
-// A 16-bit output rounds to 8 (bf16) or 11 (fp16) bits, so the hardware approximations of tanh
-// and exp (tanh.approx, ex2.approx: relative error ~2^-11) are below its rounding and cost one
-// MUFU instruction instead of tens; an f32 output keeps the accurate libm calls.
+// A 16-bit output rounds to 8 (bf16) or 11 (fp16) bits, so exp may be the hardware's ex2.approx
+// (relative error ~2^-21, one MUFU instruction instead of tens) and tanh is built on it; an f32
+// output keeps the accurate libm calls.
 constexpr bool kFastMath = true;
 static_assert(kCols % kVec == 0, "the last dim must be a multiple of the vector width");
 
@@ -134,20 +134,20 @@ __device__ __forceinline__ void load(const T* __restrict__ p, int64_t base, int6
   for (int j = 0; j < kVec; ++j) v[j] = to_float(p[offset + j * stride_last]);
 }
 
-__device__ __forceinline__ float fact_tanh(float x) {
-  if constexpr (kFastMath) {
-    float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-  } else {
-    return tanhf(x);
-  }
-}
 __device__ __forceinline__ float fact_exp(float x) {
   if constexpr (kFastMath) {
     return __expf(x);
   } else {
     return expf(x);
+  }
+}
+// 1 - 2 / (e^2x + 1), not tanh.approx: its error (~2^-11 of |tanh|, absolute near +-1) would
+// be most of 1 + tanh(x) where that is small (GELU's left tail); here it stays ~2^-20.
+__device__ __forceinline__ float fact_tanh(float x) {
+  if constexpr (kFastMath) {
+    return 1.0f - __fdividef(2.0f, fact_exp(2.0f * x) + 1.0f);
+  } else {
+    return tanhf(x);
   }
 }
 // PyTorch's semantics where fp32 intrinsics differ: NaN propagates through min, max and relu.
@@ -163,8 +163,9 @@ __device__ __forceinline__ float fact_clamp(float x, float lo, float hi) {
 __device__ __forceinline__ float fact_sigmoid(float x) { return __fdividef(1.0f, 1.0f + fact_exp(-x)); }
 __device__ __forceinline__ float fact_silu(float x) { return x * fact_sigmoid(x); }
 __device__ __forceinline__ float fact_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// 0.5 x (1 + tanh(u)) = x sigmoid(2u): no cancellation in GELU's left tail.
 __device__ __forceinline__ float fact_gelu_tanh(float x) {
-  return 0.5f * x * (1.0f + fact_tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  return x * fact_sigmoid(1.5957691216057308f * (x + 0.044715f * x * x * x));
 }
 __device__ __forceinline__ float fact_softplus(float x, float beta, float threshold) {
   return beta * x > threshold ? x : log1pf(fact_exp(beta * x)) / beta;
