@@ -42,6 +42,10 @@ struct Stmt {
     const auto* t = sqlite3_column_text(s, i);
     return t ? reinterpret_cast<const char*>(t) : "";
   }
+  void reset() {  // for the next row: bindings back to NULL
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+  }
 };
 
 // Log-distance between two problems over the numeric sizes they share, plus 1 for each other
@@ -254,7 +258,10 @@ Registry Registry::open_writable(const std::string& path) {
     fail(nullptr, path, "cannot open");
   }
   Registry r(db, path);
-  exec(db, path, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;");
+  // The busy timeout first: switching a new file to WAL takes a lock, and concurrent first
+  // writers must queue for it rather than fail with "database is locked".
+  sqlite3_busy_timeout(db, 5000);
+  exec(db, path, "PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
   r.check_schema(true);
   return r;
 }
@@ -288,6 +295,9 @@ void Registry::check_schema(bool create) {
          "  knobs TEXT NOT NULL DEFAULT '{}');"
          "CREATE INDEX IF NOT EXISTS results_by_signature ON results(signature, arch);"
          "COMMIT;");
+    // An import's duplicate check looks rows up by their whole key: without this index it
+    // scanned every row of the signature, quadratic in a team registry's size.
+    exec(db_, path_, "CREATE INDEX IF NOT EXISTS results_by_key ON results(signature, arch, problem, config, created);");
   }
   std::string version;
   {
@@ -449,17 +459,22 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
   stats.rows = rows.size();
   exec(db_, path_, "BEGIN IMMEDIATE;");
   try {
+    // Prepared once, reset per row: a million-row import is then one B-tree lookup a row.
+    Stmt q(db_, path_,
+           "SELECT id, created < COALESCE(?, datetime('now')) AND (disposition != 'passed' OR ? = 'passed')"
+           " FROM results"
+           " WHERE signature = ? AND arch = ? AND problem = ? AND config = ?"
+           " ORDER BY created DESC LIMIT 1");
+    Stmt u(db_, path_,
+           "UPDATE results SET time_us = ?, error = ?, disposition = ?, provenance = ?,"
+           " created = COALESCE(?, datetime('now')), knobs = ? WHERE id = ?");
     for (const auto& [row, created] : rows) {
       // Duplicates by (signature, arch, problem, config). JSON cells are compared as dump()
       // text, which nlohmann writes with sorted keys and no spaces: the form insert() stores.
       // A later measurement of the same kernel replaces the stored one (times drift with
       // drivers and libraries); an older or equally old one is skipped, and so is a later
       // failure (a fault may be transient) over a passed row.
-      Stmt q(db_, path_,
-             "SELECT id, created < COALESCE(?, datetime('now')) AND (disposition != 'passed' OR ? = 'passed')"
-             " FROM results"
-             " WHERE signature = ? AND arch = ? AND problem = ? AND config = ?"
-             " ORDER BY created DESC LIMIT 1");
+      q.reset();
       if (!created.empty()) q.bind(1, created);
       q.bind(2, row.disposition);  // a failed re-measurement does not replace a passed one
       q.bind(3, row.signature);
@@ -472,9 +487,7 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
           ++stats.skipped;
           continue;
         }
-        Stmt u(db_, path_,
-               "UPDATE results SET time_us = ?, error = ?, disposition = ?, provenance = ?,"
-               " created = COALESCE(?, datetime('now')), knobs = ? WHERE id = ?");
+        u.reset();
         u.bind(1, row.time_us);
         u.bind(2, row.error);
         u.bind(3, row.disposition);

@@ -1,0 +1,68 @@
+"""The pattern registry under load (issue 32): concurrent first writers of a new file, and an
+import whose duplicate check is one indexed lookup a row (it scanned every row of a signature,
+so 20k rows took 8 s and 200k more than ten minutes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def _export(path, rows: int, start: int = 0, created: str | None = None) -> None:
+    doc = {
+        "fact_registry_export": 1,
+        "schema_version": 2,
+        "rows": [
+            {
+                "signature": "gemm[bias]:bf16,bf16->bf16:row,col",
+                "arch": "sm90",
+                "problem": {"batch": 1, "m": 64 + i, "n": 4096, "k": 4096},
+                "config": {"name": "t128x128x64_c1x1_pp_tma_sauto_persistent"},
+                "time_us": 100.0 + i,
+                "error": 1e-3,
+                "disposition": "passed",
+                "provenance": "tuned",
+                **({"created": created} if created else {}),
+            }
+            for i in range(start, start + rows)
+        ],
+    }
+    path.write_text(json.dumps(doc))
+
+
+def _import(engine, registry, export) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(engine), "registry", "--registry", str(registry), "import", str(export)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_concurrent_first_writers_of_a_new_registry_all_succeed(engine_available, tmp_path):
+    registry = tmp_path / "team.db"
+    exports = []
+    for k in range(4):
+        exports.append(tmp_path / f"part{k}.json")
+        _export(exports[-1], 50, start=100 * k)
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda e: _import(engine_available, registry, e), exports))
+    assert all(d.returncode == 0 for d in done), [d.stderr for d in done]
+    listed = subprocess.run(
+        [str(engine_available), "registry", "--registry", str(registry), "export"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert len(json.loads(listed.stdout)["rows"]) == 200
+
+
+def test_a_large_import_takes_an_indexed_lookup_a_row(engine_available, tmp_path):
+    export = tmp_path / "big.json"
+    _export(export, 40_000, created="2026-01-01 00:00:00")
+    registry = tmp_path / "big.db"
+    start = time.perf_counter()
+    first = _import(engine_available, registry, export)
+    again = _import(engine_available, registry, export)  # every row a duplicate now
+    elapsed = time.perf_counter() - start
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "40000 imported" in first.stdout and "40000 already present" in again.stdout, again.stdout
+    assert elapsed < 20, f"two imports of 40k rows took {elapsed:.1f} s"
