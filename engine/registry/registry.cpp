@@ -447,6 +447,10 @@ void check_export(const nlohmann::json& doc, const std::string& source) {
   for (size_t i = 0; i < doc["rows"].size(); ++i) row_from_json(doc["rows"][i], source + ": row " + std::to_string(i + 1));
 }
 
+// When a seed row without a timestamp was measured, as far as a later import can tell: long
+// ago, so every measurement is newer.
+constexpr const char* kSeedCreated = "1970-01-01 00:00:00";
+
 ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& source) {
   // Validate everything before writing anything.
   check_export(doc, source);
@@ -460,15 +464,19 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
   exec(db_, path_, "BEGIN IMMEDIATE;");
   try {
     // Prepared once, reset per row: a million-row import is then one B-tree lookup a row.
+    // A seed row (the shipped, vetted examples) never replaces a measurement, and without a
+    // timestamp it counts as old, not as now: re-running setup keeps every tuned row.
     Stmt q(db_, path_,
-           "SELECT id, created < COALESCE(?, datetime('now')) AND (disposition != 'passed' OR ? = 'passed')"
+           "SELECT id, created < COALESCE(?, datetime('now'))"
+           " AND (disposition != 'passed' OR ? = 'passed') AND (? != 'seed' OR provenance = 'seed')"
            " FROM results"
            " WHERE signature = ? AND arch = ? AND problem = ? AND config = ?"
            " ORDER BY created DESC LIMIT 1");
     Stmt u(db_, path_,
            "UPDATE results SET time_us = ?, error = ?, disposition = ?, provenance = ?,"
            " created = COALESCE(?, datetime('now')), knobs = ? WHERE id = ?");
-    for (const auto& [row, created] : rows) {
+    for (auto& [row, created] : rows) {
+      if (created.empty() && row.provenance == "seed") created = kSeedCreated;
       // Duplicates by (signature, arch, problem, config). JSON cells are compared as dump()
       // text, which nlohmann writes with sorted keys and no spaces: the form insert() stores.
       // A later measurement of the same kernel replaces the stored one (times drift with
@@ -477,10 +485,11 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
       q.reset();
       if (!created.empty()) q.bind(1, created);
       q.bind(2, row.disposition);  // a failed re-measurement does not replace a passed one
-      q.bind(3, row.signature);
-      q.bind(4, row.arch);
-      q.bind(5, row.problem.dump());
-      q.bind(6, row.config.dump());
+      q.bind(3, row.provenance);
+      q.bind(4, row.signature);
+      q.bind(5, row.arch);
+      q.bind(6, row.problem.dump());
+      q.bind(7, row.config.dump());
       const int rc = sqlite3_step(q.s);
       if (rc == SQLITE_ROW) {
         if (sqlite3_column_int(q.s, 1) == 0) {

@@ -66,3 +66,26 @@ def test_a_large_import_takes_an_indexed_lookup_a_row(engine_available, tmp_path
     assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
     assert "40000 imported" in first.stdout and "40000 already present" in again.stdout, again.stdout
     assert elapsed < 20, f"two imports of 40k rows took {elapsed:.1f} s"
+
+
+def test_a_seed_row_never_replaces_a_measured_one(engine_available, tmp_path):
+    """Re-running ./setup.sh imports the seed again: it must keep every tuned row (a seed row
+    without a timestamp counted as "now" and replaced measurements)."""
+    registry, seed, tuned = tmp_path / "r.db", tmp_path / "seed.json", tmp_path / "tuned.json"
+    _export(seed, 3)
+    doc = json.loads(seed.read_text())
+    for row in doc["rows"]:
+        row["provenance"] = "seed"
+    seed.write_text(json.dumps(doc))
+    _export(tuned, 1, created="2026-12-01 10:00:00")
+    assert _import(engine_available, registry, seed).returncode == 0
+    assert "1 updated" in _import(engine_available, registry, tuned).stdout
+    again = _import(engine_available, registry, seed)
+    assert "0 imported, 0 updated" in again.stdout and "3 already present" in again.stdout, again
+    rows = json.loads(
+        subprocess.run(
+            [str(engine_available), "registry", "--registry", str(registry), "export"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    )["rows"]
+    assert sorted(r["provenance"] for r in rows) == ["seed", "seed", "tuned"]
