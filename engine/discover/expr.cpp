@@ -259,34 +259,44 @@ std::string bare(std::string s) {
 }  // namespace
 
 std::string ExprGraph::to_text(const std::vector<std::string>& operand_names) const {
-  std::function<std::string(int)> text = [&](int i) -> std::string {
-    const auto& e = exprs[static_cast<size_t>(i)];
+  if (root < 0) return "acc";
+  // One pass in order (an Expr's arguments come before it), no recursion: a region of 12,000
+  // chained ops must not overflow the stack. A shared sub-expression is written out at each
+  // use, so the text is capped: it names the expression for people, nothing parses it.
+  constexpr size_t kMaxText = 4096;
+  static const std::map<std::string, std::string> infix = {{"add", " + "}, {"sub", " - "}, {"mul", " * "}, {"div", " / "}};
+  std::vector<std::string> text(exprs.size());
+  auto arg = [&](int a) -> const std::string& {
+    static const std::string unknown = "?";
+    return a >= 0 && static_cast<size_t>(a) < text.size() ? text[static_cast<size_t>(a)] : unknown;
+  };
+  for (size_t i = 0; i < exprs.size() && i <= static_cast<size_t>(root); ++i) {
+    const auto& e = exprs[i];
     std::ostringstream os;
     switch (e.kind) {
-      case Expr::Kind::acc: return "acc";
+      case Expr::Kind::acc: os << "acc"; break;
       case Expr::Kind::operand:
-        return static_cast<size_t>(e.operand) < operand_names.size()
-                   ? operand_names[static_cast<size_t>(e.operand)]
-                   : "operand" + std::to_string(e.operand);
-      case Expr::Kind::constant: os << e.value; return os.str();
+        os << (static_cast<size_t>(e.operand) < operand_names.size() ? operand_names[static_cast<size_t>(e.operand)]
+                                                                      : "operand" + std::to_string(e.operand));
+        break;
+      case Expr::Kind::constant: os << e.value; break;
       case Expr::Kind::fn: {
-        static const std::map<std::string, std::string> infix = {
-            {"add", " + "}, {"sub", " - "}, {"mul", " * "}, {"div", " / "}};
         auto it = infix.find(e.fn);
         if (it != infix.end() && e.args.size() == 2) {
-          return "(" + text(e.args[0]) + it->second + text(e.args[1]) + ")";
+          os << "(" << arg(e.args[0]) << it->second << arg(e.args[1]) << ")";
+          break;
         }
         os << (e.fn == "cast" ? "to_" + e.dtype : e.fn) << "(";
-        for (size_t k = 0; k < e.args.size(); ++k) os << (k ? ", " : "") << bare(text(e.args[k]));
+        for (size_t k = 0; k < e.args.size(); ++k) os << (k ? ", " : "") << bare(arg(e.args[k]));
         for (double prm : e.params) os << ", " << prm;
         os << ")";
-        return os.str();
+        break;
       }
     }
-    return "?";
-  };
-  if (root < 0) return "acc";
-  return bare(text(root));
+    text[i] = os.str();
+    if (text[i].size() > kMaxText) text[i] = text[i].substr(0, kMaxText) + "...";
+  }
+  return bare(arg(root));
 }
 
 bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int(int)>& expr_of,

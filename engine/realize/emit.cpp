@@ -260,6 +260,7 @@ GemmSpec GemmSpec::from_pattern(const json& p) {
   }
   if (p.contains("epilogue_expr")) {
     s.ssa = p["epilogue_expr"].at("ssa");
+    check_expression_size(s.ssa);
   } else {
     // Horizontal fusion: acc, plus a bias row when the parts have one (each part's own, read
     // by the grouped kernel at its part; a part without one adds zeros).
@@ -289,6 +290,13 @@ std::string GemmSpec::id() const {
             {"lb", layout_b}, {"ssa", ssa}};
   for (const auto& o : operands) j["ops"].push_back({o.kind, o.dtype});
   return short_hash(j.dump());
+}
+
+void check_expression_size(const json& ssa) {
+  if (ssa.size() > kMaxExpressionSteps) {
+    throw NotSupported("an expression of " + std::to_string(ssa.size()) + " steps; kernels are emitted for at most " +
+                       std::to_string(kMaxExpressionSteps) + " (the region stays PyTorch's)");
+  }
 }
 
 std::string short_hash(const std::string& text) {

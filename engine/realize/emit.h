@@ -91,6 +91,11 @@ nlohmann::json gated_mlp_tail(const nlohmann::json& lowered);
 nlohmann::json gemm_epilogue_tail(const nlohmann::json& pattern, const std::vector<int64_t>& out_shape,
                                   const std::string& acc_dtype);
 
+// Expressions of more steps than this get no kernel (NotSupported): the emitters walk them
+// recursively, and a kernel that long would spill its registers anyway.
+constexpr size_t kMaxExpressionSteps = 1024;
+void check_expression_size(const nlohmann::json& ssa);
+
 // ${name} substitution; throws InternalError on a missing variable or a leftover placeholder.
 std::string substitute(const std::string& text, const std::map<std::string, std::string>& vars);
 

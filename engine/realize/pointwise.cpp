@@ -302,6 +302,7 @@ PointwiseSpec PointwiseSpec::from_pattern(const json& p) {
   if (p.at("family") != "pointwise") throw NotSupported("not a pointwise pattern");
   PointwiseSpec s;
   s.ssa = p.at("epilogue_expr").at("ssa");
+  check_expression_size(s.ssa);
   for (const auto& o : p.at("operands")) {
     const std::string type = o.value("type", "");
     s.inputs.push_back(type.substr(0, type.find('[')));

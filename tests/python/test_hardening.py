@@ -1,0 +1,165 @@
+"""Graphs handed over by other people (issue 32): names that could smuggle text into generated
+source are refused at load, names never reach the emitted kernels (so renaming a node does not
+change a kernel or its cache key), and a region of 12,000 chained ops is planned, explained and
+realized without overflowing the engine's stack."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import fact
+
+FAKE_NVCC = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; fi
+exit 1
+"""
+
+
+def _engine(engine, *args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(engine), *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _fake_nvcc(tmp_path: Path) -> Path:
+    """An nvcc that reports a version and fails every compile: realize emits its sources and
+    stops there, in seconds."""
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True, exist_ok=True)
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def _cutlass() -> str:
+    from fact.cli import find_cutlass
+
+    try:
+        return find_cutlass(None)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"needs CUTLASS's headers: {exc}")
+
+
+class Tails(nn.Module):
+    """A GEMM with an epilogue (and its tail), a row norm and a pointwise region."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+        self.norm = nn.LayerNorm(64)
+
+    def forward(self, x, y):
+        h = torch.relu(self.fc(x) * 0.5 + y)
+        return self.norm(h) * torch.sigmoid(y) + 1.0
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict:
+    """Tails traced once: the graph JSON as `fact trace` writes it."""
+    torch.manual_seed(0)
+    traced = fact.trace(Tails().eval(), [torch.randn(8, 64), torch.randn(8, 64)])
+    return json.loads(json.dumps(traced))
+
+
+def _renamed(graph: dict, prefix: str) -> dict:
+    """The same graph with every node renamed (references follow)."""
+    names = {n["name"]: f"{prefix}{i}" for i, n in enumerate(graph["nodes"])}
+
+    def walk(value):
+        if isinstance(value, dict):
+            if set(value) >= {"node"} and value["node"] in names:
+                return {**value, "node": names[value["node"]]}
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    out = walk(graph)
+    for node, old in zip(out["nodes"], graph["nodes"], strict=True):
+        node["name"] = names[old["name"]]
+    return out
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [chr(c) for c in range(32)]
+    + [chr(127), '"', "'", "`", "\\", "/", "*", "#", ";", "$", "(", ")", "{", "}", "<", ">", " "],
+)
+def test_a_node_name_outside_the_identifier_set_is_refused(engine_available, graph, tmp_path, bad):
+    evil = _renamed(graph, f"x{bad}#include <cstdlib>{bad}static int p=std::system(0);{bad}//")
+    path = tmp_path / "evil.json"
+    path.write_text(json.dumps(evil))
+    done = _engine(engine_available, "validate", path)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "node #0" in done.stderr and "letters, digits" in done.stderr, done.stderr
+    assert "\n" not in done.stderr.strip() and "\r" not in done.stderr  # one line, no raw bytes
+
+
+def test_names_never_reach_the_kernels(engine_available, graph, tmp_path):
+    """Renamed nodes: every emitted source (GEMM, its tail, norm, pointwise) is byte for byte
+    the same, and holds no name; so are the kernels' cache keys."""
+    nvcc, cutlass = _fake_nvcc(tmp_path), _cutlass()
+    sources = []
+    for label, g in (("plain", graph), ("renamed", _renamed(graph, "zq_marker_"))):
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps(g))
+        run = tmp_path / f"run-{label}"
+        done = _engine(
+            engine_available, "realize", path, "--out", run, "--nvcc", nvcc, "--cutlass-dir",
+            cutlass, "--cache-dir", tmp_path / f"cache-{label}", "--candidates", "1", "--quiet",
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr  # every compile fails on purpose
+        files = {p.name: p.read_text() for p in sorted((run / "src").glob("*.cu"))}
+        families = {name.split("_")[1] for name in files}
+        assert {"gemm", "pointwise", "layer"} <= families, sorted(files)
+        sources.append(files)
+        manifest = json.loads((run / "manifest.json").read_text())
+        sources[-1]["keys"] = sorted(e.get("cache_key", "") for e in manifest)
+    assert sources[0] == sources[1]
+    for name, text in sources[1].items():
+        if name != "keys":
+            assert "zq_marker" not in text, name
+
+
+def test_a_region_of_twelve_thousand_ops_neither_crashes_nor_hangs(engine_available, tmp_path):
+    base = {
+        "format": "fact.graph",
+        "version": 1,
+        "source": "chain",
+        "model": "Chain",
+        "dtype": "f32",
+        "float32_matmul_precision": "highest",
+    }
+    ty = [{"dtype": "f32", "shape": [8, 64], "strides": [64, 1]}]
+    nodes = [{"name": "x", "op": "placeholder", "kind": "input", "target": "x", "outputs": ty}]
+    for i in range(12_000):
+        op = "aten.mul.Tensor" if i % 2 == 0 else "aten.add.Tensor"
+        prev = nodes[-1]["name"]
+        nodes.append(
+            {"name": f"n{i}", "op": op, "kind": "call", "module": "",
+             "args": [{"node": prev}, 1.0001 if i % 2 == 0 else 0.001], "kwargs": {},
+             "outputs": ty}
+        )  # fmt: skip
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps({**base, "nodes": nodes, "outputs": [{"node": "n11999"}]}))
+    done = _engine(engine_available, "discover", path, "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    (pattern,) = json.loads(done.stdout)["patterns"]
+    assert pattern["family"] == "pointwise" and len(pattern["nodes"]) == 12_000
+    assert len(pattern["epilogue_expr"]["text"]) < 5000  # capped, not 12,000 ops written out
+    done = _engine(engine_available, "explain", path, "--node", "n6000", timeout=120)
+    assert done.returncode == 0 and "covered by pattern" in done.stdout, done.stderr
+    done = _engine(
+        engine_available, "realize", path, "--out", tmp_path / "run", "--nvcc",
+        _fake_nvcc(tmp_path), "--cutlass-dir", _cutlass(), "--cache-dir", tmp_path / "cache",
+        "--json", timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(done.stdout)
+    assert entry["status"] == "not_supported" and "at most 1024" in entry["detail"]
