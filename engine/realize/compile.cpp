@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -154,6 +155,27 @@ static fs::path attention_example_dir(const std::string& cutlass_dir, const std:
   return dir;
 }
 
+std::string tree_digest(const std::vector<std::filesystem::path>& roots) {
+  namespace fs = std::filesystem;
+  static std::mutex lock;
+  static std::map<std::string, std::string> known;  // per process: the trees do not change
+  std::string id;
+  for (const auto& r : roots) id += fs::weakly_canonical(r).string() + "|";
+  std::lock_guard<std::mutex> guard(lock);
+  if (auto it = known.find(id); it != known.end()) return it->second;
+  std::vector<std::pair<std::string, fs::path>> files;
+  for (const auto& root : roots) {
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->is_regular_file()) files.emplace_back(fs::relative(it->path(), root).string(), it->path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const auto& [rel, path] : files) all += rel + "\n" + sha256_hex(read_file(path)) + "\n";
+  return known[id] = sha256_hex(all).substr(0, 16);
+}
+
 std::string cutlass_version(const std::string& cutlass_dir) {
   const auto text = read_file(fs::path(cutlass_dir) / "include" / "cutlass" / "version.h");
   std::string v;
@@ -235,11 +257,13 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
   }
   sweep_abandoned_builds(opt.cache_dir, std::chrono::hours(1));
   const auto flags = nvcc_flags(opt);
-  // Everything that changes the binary is in the key, problem sizes never: nvcc, the host
-  // compiler, nvcc's environment flags, which CUTLASS tree (path and version), arch and flags.
-  std::string salt = nvcc_version(opt.nvcc) + "|host " + capture("g++ --version 2>/dev/null | head -1") +
-                     "|cutlass " + cutlass_version(opt.cutlass_dir) + " at " +
-                     fs::weakly_canonical(opt.cutlass_dir).string() + "|" + opt.arch + "|" + abi_header_text();
+  // What makes the kernel is in the key, problem sizes and machine-specific paths never: the
+  // source, nvcc's release and environment flags, CUTLASS's version and the content of its
+  // headers (not where the tree lies, so a cache moves between machines), arch and flags. The
+  // host compiler builds only the C ABI's glue around the device code, so it is not in the key.
+  std::string salt = nvcc_version(opt.nvcc) + "|cutlass " + cutlass_version(opt.cutlass_dir) + " " +
+                     tree_digest({fs::path(opt.cutlass_dir) / "include", fs::path(opt.cutlass_dir) / "tools" / "util" / "include"}) +
+                     "|" + opt.arch + "|" + abi_header_text();
   for (const char* env : {"NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN"}) {
     if (const char* v = std::getenv(env)) salt += std::string("|") + env + "=" + v;
   }
@@ -259,7 +283,9 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
       const bool attention = job.source.find("\"fact_attention_abi.h\"") != std::string::npos;
       const bool pointwise = job.source.find("\"fact_pointwise_abi.h\"") != std::string::npos;
       r.key = sha256_hex(salt + (norm ? std::string("|") + norm_abi_header_text() : "") +
-                         (attention ? std::string("|") + attention_abi_header_text() : "") +
+                         (attention ? std::string("|") + attention_abi_header_text() + "|" +
+                                          tree_digest({attention_example_dir(opt.cutlass_dir, job.source)})
+                                    : "") +
                          (pointwise ? std::string("|") + pointwise_abi_header_text() : "") + "|" + job.source);
       const fs::path entry = fs::path(opt.cache_dir) / r.key;
       r.library = (entry / "kernel.so").string();

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,9 @@ std::vector<std::string> ptxas_advisories(const std::string& log);
 // does not hold CUTLASS's headers.
 std::string find_cutlass(const std::string& hint);
 std::string cutlass_version(const std::string& cutlass_dir);
+// A digest of every file under the given folders (relative paths and contents), computed once
+// per process and folder set: what a kernel compiled against those headers depends on.
+std::string tree_digest(const std::vector<std::filesystem::path>& roots);
 std::string nvcc_version(const std::string& nvcc);
 std::string default_cache_dir();
 std::vector<std::string> nvcc_flags(const CompileOptions& opt);

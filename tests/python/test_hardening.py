@@ -163,3 +163,37 @@ def test_a_region_of_twelve_thousand_ops_neither_crashes_nor_hangs(engine_availa
     assert done.returncode == 0, done.stderr
     (entry,) = json.loads(done.stdout)
     assert entry["status"] == "not_supported" and "at most 1024" in entry["detail"]
+
+
+def _fake_cutlass(root: Path, patch: str = "") -> Path:
+    """A CUTLASS tree as far as emission needs one (its version header and one more)."""
+    (root / "include" / "cutlass").mkdir(parents=True)
+    (root / "tools" / "util" / "include").mkdir(parents=True)
+    (root / "include" / "cutlass" / "cutlass.h").write_text("// cutlass\n" + patch)
+    (root / "include" / "cutlass" / "version.h").write_text(
+        "#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n"
+    )
+    return root
+
+
+def test_kernel_keys_follow_the_headers_not_where_they_lie(engine_available, graph, tmp_path):
+    """The kernel cache moves between machines: the same source against the same CUTLASS
+    headers in another folder has the same key; other headers give another key."""
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(graph))
+    nvcc = _fake_nvcc(tmp_path)
+
+    def keys(cutlass: Path, label: str) -> list[str]:
+        run = tmp_path / f"run-{label}"
+        done = _engine(
+            engine_available, "realize", path, "--out", run, "--nvcc", nvcc, "--cutlass-dir",
+            cutlass, "--cache-dir", tmp_path / f"cache-{label}", "--candidates", "1", "--quiet",
+        )  # fmt: skip
+        assert done.returncode in (0, 1), done.stderr
+        return sorted(e["cache_key"] for e in json.loads((run / "manifest.json").read_text()))
+
+    here = keys(_fake_cutlass(tmp_path / "a" / "cutlass"), "a")
+    moved = keys(_fake_cutlass(tmp_path / "elsewhere" / "tree"), "b")
+    patched = keys(_fake_cutlass(tmp_path / "c" / "cutlass", patch="// patched\n"), "c")
+    assert here == moved and len(here) >= 3
+    assert not set(here) & set(patched)
