@@ -39,6 +39,10 @@ def _row(name: str, bench: dict) -> dict:
             "rel_error": r.get("rel_error"),
         }
     out["replaced"] = f"{opt.get('replaced', 0)}/{len(opt.get('patterns') or [])}"
+    manifest = Path(opt.get("run_dir") or ".") / "manifest.json"
+    if manifest.is_file():  # kernels built for this problem now, not taken from the cache
+        entries = json.loads(manifest.read_text())
+        out["compiled"] = sum(1 for e in entries if e.get("status") == "compiled")
     out["chosen"] = [p.get("chosen") for p in opt.get("patterns") or []]
     out["mode"] = (
         "original"
@@ -78,7 +82,7 @@ def table(rows: list[dict]) -> str:
     head = (
         "| problem | eager pc | compile pc | FACT pc | vs eager | vs compile | eager b2b | "
         "compile b2b | FACT b2b | vs eager | vs compile | host eager/compile/FACT us | "
-        "replaced | runs | optimize s |"
+        "replaced | runs | optimize s (compiled) |"
     )
     lines = [head, "|" + " --- |" * 15]
     for r in rows:
@@ -101,7 +105,7 @@ def table(rows: list[dict]) -> str:
             f"{_ratio(e['back_to_back_us'], f['back_to_back_us'])} | "
             f"{_ratio(c['back_to_back_us'], f['back_to_back_us'])} | "
             f"{us(e['host_us'])}/{us(c['host_us'])}/{us(f['host_us'])} | {r['replaced']} | "
-            f"{r['mode']} | {r['seconds']} |"
+            f"{r['mode']} | {r['seconds']} ({r.get('compiled', '-')}) |"
         )
     return "\n".join(lines)
 
