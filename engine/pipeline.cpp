@@ -362,6 +362,7 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   copt.arch = opt.discover.arch;
   copt.jobs = opt.jobs;
   copt.quiet = opt.quiet;
+  if (opt.compile_timeout_s >= 0) copt.timeout_s = opt.compile_timeout_s;
   if (!opt.quiet && !jobs.empty()) std::cerr << "compiling " << jobs.size() << " kernels for " << opt.discover.arch << "\n";
   const auto results = jobs.empty() ? std::vector<realize::CompileResult>{} : realize::compile_all(jobs, copt);
   std::map<std::string, const realize::CompileResult*> by_name;

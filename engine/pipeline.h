@@ -38,6 +38,7 @@ struct RealizeOptions {
   std::string nvcc = "nvcc";
   std::string cache_dir;      // empty: realize::default_cache_dir()
   int jobs = 0;               // parallel nvcc processes; 0: realize::default_compile_jobs
+  double compile_timeout_s = -1;  // per compile; -1: realize::default_compile_timeout(), 0: none
   bool quiet = false;
 };
 

@@ -49,6 +49,9 @@ int run(int argc, char** argv) {
   realize->add_option("--nvcc", ropt.nvcc, "nvcc to use");
   realize->add_option("--cache-dir", ropt.cache_dir, "kernel cache (default: ~/.cache/fact/kernels)");
   realize->add_option("--jobs", ropt.jobs, "parallel compiles (default: every kernel at once up to 1.5x the cores, else one a core)");
+  realize->add_option("--compile-timeout", ropt.compile_timeout_s,
+                      "seconds one compile may take before it is stopped (default: $FACT_COMPILE_TIMEOUT, else 1800; 0: none)")
+      ->check(CLI::NonNegativeNumber);
   realize->add_flag("--quiet", ropt.quiet, "no progress lines");
   realize->add_flag("--json", json_out, "print the manifest as JSON");
   auto* validate = app.add_subcommand("validate", "load and validate a graph");
@@ -89,7 +92,15 @@ int run(int argc, char** argv) {
         std::cout << "\n";
       }
     }
-    return 0;  // failed compiles are results (status compile_error in the manifest), not errors
+    if (r.compiled + r.cached == 0 && r.failed > 0) {
+      // Failed compiles are results (status compile_error in the manifest, each with its log),
+      // but a realize that built nothing at all has failed.
+      std::cerr << "error: no kernel was built: all " << r.failed
+                << " compiles failed (the manifest's detail names each one's log; "
+                << ropt.run_dir << "/manifest.json)\n";
+      return 1;
+    }
+    return 0;
   }
   const auto result = fact::run_discover(opt);
   if (*discover) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -41,11 +42,21 @@ std::string read_file(const fs::path& p) {
   return os.str();
 }
 
-// Run argv with stdout+stderr to `log`; returns the exit status (-1 if it could not start).
-int run_logged(const std::vector<std::string>& argv, const fs::path& log) {
+// How a compile ended: its exit status, or the signal that ended it, or the timeout.
+struct Ended {
+  int status = -1;  // exit status; -1 if it could not start or did not exit
+  int signal = 0;   // the signal that killed it (an OOM killer's SIGKILL)
+  bool timed_out = false;
+};
+
+// Run argv in a process group of its own with stdout+stderr to `log`; past `timeout_s` (0:
+// none) the whole group is killed, so a hung nvcc (or its cicc, ptxas) never hangs realize.
+Ended run_logged(const std::vector<std::string>& argv, const fs::path& log, double timeout_s) {
+  Ended e;
   const pid_t pid = fork();
-  if (pid < 0) return -1;
+  if (pid < 0) return e;
   if (pid == 0) {
+    setpgid(0, 0);
     FILE* f = std::fopen(log.c_str(), "w");
     if (f) {
       dup2(fileno(f), 1);
@@ -58,9 +69,24 @@ int run_logged(const std::vector<std::string>& argv, const fs::path& log) {
     std::perror(args[0]);
     _exit(127);
   }
+  setpgid(pid, pid);  // also here: whichever runs first
+  const auto start = std::chrono::steady_clock::now();
   int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 && errno != EINTR) return e;
+    if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s) {
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      e.timed_out = true;
+      return e;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (WIFEXITED(status)) e.status = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+  return e;
 }
 
 std::string capture(const std::string& cmd) {
@@ -236,6 +262,16 @@ int sweep_abandoned_builds(const std::string& cache_dir, std::chrono::seconds mi
   return removed;
 }
 
+double default_compile_timeout() {
+  if (const char* v = std::getenv("FACT_COMPILE_TIMEOUT"); v && *v) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end && *end == '\0' && s >= 0) return s;
+    throw UserError(std::string("FACT_COMPILE_TIMEOUT='") + v + "' is not a number of seconds (0: no timeout)");
+  }
+  return 1800;
+}
+
 int default_compile_jobs(size_t kernels, unsigned cores) {
   const size_t c = std::max(1u, cores);
   // Compiles of one run take about as long as each other (a CUTLASS kernel, a minute or so), and
@@ -309,9 +345,12 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         if (attention) includes.push_back(attention_example_dir(opt.cutlass_dir, job.source));
         for (const auto& inc : includes) argv.push_back("-I" + inc.string());
         argv.insert(argv.end(), {(tmp / "kernel.cu").string(), "-o", (tmp / "kernel.so").string()});
-        const int rc = run_logged(argv, tmp / "build.log");
-        r.ok = rc == 0 && fs::exists(tmp / "kernel.so");
-        write_text_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok}, {"rc", rc}}).dump(2));
+        const Ended ended = run_logged(argv, tmp / "build.log", opt.timeout_s);
+        r.ok = ended.status == 0 && fs::exists(tmp / "kernel.so");
+        write_text_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok},
+                                                           {"rc", ended.status}, {"signal", ended.signal},
+                                                           {"timed_out", ended.timed_out}})
+                                               .dump(2));
         if (r.ok) {
           std::error_code rename_error;
           fs::rename(tmp, entry, rename_error);
@@ -322,7 +361,18 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
           fs::rename(tmp, failed);
           r.log = (failed / "build.log").string();
           r.library.clear();
-          r.error = first_error_lines(read_file(r.log));
+          if (ended.timed_out) {
+            r.error = "nvcc ran past the compile timeout of " + std::to_string(static_cast<int>(opt.timeout_s)) +
+                      " s (--compile-timeout, FACT_COMPILE_TIMEOUT) and was stopped";
+          } else if (ended.signal) {
+            r.error = std::string("nvcc was killed by signal ") + std::to_string(ended.signal) + " (" +
+                      strsignal(ended.signal) + "; out of memory? fewer --jobs may help)";
+          } else if (ended.status < 0) {
+            r.error = "nvcc could not be started";
+          } else {
+            r.error = first_error_lines(read_file(r.log));
+          }
+          r.error += "; its log: " + r.log;
         }
       }
       if (r.ok) r.advisories = ptxas_advisories(read_file(r.log));

@@ -12,6 +12,10 @@
 
 namespace fact::realize {
 
+// Seconds one compile may take before it is stopped: $FACT_COMPILE_TIMEOUT, else 1800 (an sm90
+// CUTLASS kernel takes one to two minutes on one core).
+double default_compile_timeout();
+
 struct CompileOptions {
   std::string nvcc = "nvcc";
   std::string cutlass_dir;  // holds include/ and tools/util/include/
@@ -19,6 +23,7 @@ struct CompileOptions {
   std::string arch = "sm90";
   int jobs = 0;             // 0: default_compile_jobs
   bool quiet = false;
+  double timeout_s = default_compile_timeout();  // per compile; 0: none
 };
 
 struct CompileJob {

@@ -398,10 +398,14 @@ def _engine_command(
     ) as graph_path:
         json_flag = ["--json"] if args.json else []
         done = run_engine(
-            [subcommand, str(graph_path), *extra, *json_flag], stream_stderr=stream_stderr
+            [subcommand, str(graph_path), *extra, *json_flag],
+            stream_stderr=stream_stderr,
+            allowed=(1,) if subcommand == "realize" else (),  # every compile failed
         )
     sys.stdout.write(done.stdout)
     sys.stdout.flush()
+    if done.returncode:
+        return done.returncode
     return 0
 
 

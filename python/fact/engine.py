@@ -50,8 +50,11 @@ def find_engine() -> Path:
     )
 
 
-def run_engine(args: list[str], *, stream_stderr: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run `fact-engine ARGS`, returning the finished process when it exits 0.
+def run_engine(
+    args: list[str], *, stream_stderr: bool = False, allowed: tuple[int, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run `fact-engine ARGS`, returning the finished process when it exits 0 (or with one of
+    the `allowed` statuses: realize's 1, nothing built).
 
     The engine's stderr on success (warnings) is passed on to ours; with `stream_stderr` it goes
     straight through while the engine runs (progress of long work such as compiling kernels).
@@ -75,7 +78,7 @@ def run_engine(args: list[str], *, stream_stderr: bool = False) -> subprocess.Co
         ) from None
 
     stderr = (done.stderr or "").strip()
-    if done.returncode == 0:
+    if done.returncode == 0 or done.returncode in allowed:
         if stderr:
             print(stderr, file=sys.stderr)
         return done

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,39 @@ def test_kernel_keys_follow_the_headers_not_where_they_lie(engine_available, gra
     patched = keys(_fake_cutlass(tmp_path / "c" / "cutlass", patch="// patched\n"), "c")
     assert here == moved and len(here) >= 3
     assert not set(here) & set(patched)
+
+
+@pytest.mark.parametrize(
+    "body, detail",
+    [
+        ("echo 'kernel.cu(1): error: no such thing' >&2; exit 1", "error: no such thing"),
+        ("kill -9 $$", "killed by signal 9"),
+        ("sleep 30", "compile timeout of 1 s"),
+    ],
+    ids=["error", "signal", "hang"],
+)
+def test_realize_that_builds_nothing_fails_and_says_why(
+    engine_available, graph, tmp_path, body, detail
+):
+    """Exit 1 when no kernel was built; each manifest row's detail says what happened to its
+    compile (the error, the signal, the timeout) and names the log that was kept."""
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(graph))
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(FAKE_NVCC.replace("exit 1\n", f"{body}\n"))
+    nvcc.chmod(0o755)
+    start = time.perf_counter()
+    done = _engine(
+        engine_available, "realize", path, "--out", tmp_path / "run", "--nvcc", nvcc,
+        "--cutlass-dir", _cutlass(), "--cache-dir", tmp_path / "cache", "--candidates", "1",
+        "--compile-timeout", "1", "--json",
+    )  # fmt: skip
+    assert time.perf_counter() - start < 25  # a hung compile is stopped, not waited for
+    assert done.returncode == 1 and "no kernel was built" in done.stderr, done.stderr
+    rows = [e for e in json.loads(done.stdout) if e["status"] == "compile_error"]
+    assert rows
+    for row in rows:
+        assert detail in row["detail"], row["detail"]
+        log = row["detail"].rsplit("its log: ", 1)[1]
+        assert Path(log).is_file(), log
