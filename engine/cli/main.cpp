@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cli/registry_cmd.h"
+#include "realize/compile.h"
 #include "discover/explain.h"
 #include "ir/error.h"
 #include "ir/json_io.h"
@@ -54,6 +55,12 @@ int run(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   realize->add_flag("--quiet", ropt.quiet, "no progress lines");
   realize->add_flag("--json", json_out, "print the manifest as JSON");
+  auto* cache = app.add_subcommand("cache", "check or clean the kernel cache");
+  std::string cache_dir;
+  cache->add_option("--cache-dir", cache_dir, "kernel cache (default: $FACT_CACHE_DIR, else ~/.cache/fact/kernels)");
+  auto* cache_verify = cache->add_subcommand("verify", "check every cached kernel against the digest it was built with");
+  auto* cache_clean = cache->add_subcommand("clean", "remove damaged kernels, failed builds' folders and abandoned builds");
+  cache->require_subcommand(1);
   auto* validate = app.add_subcommand("validate", "load and validate a graph");
   validate->add_option("graph", opt.graph_path)->required();
   auto* print = app.add_subcommand("print", "print a graph, one node a line");
@@ -69,6 +76,11 @@ int run(int argc, char** argv) {
   }
 
   if (*registry) return fact::cli::run_registry_command(registry_cmd, std::cout);
+  if (*cache) {
+    const auto report = fact::realize::check_cache(cache_dir, cache_clean->parsed());
+    std::cout << report.text;
+    return cache_verify->parsed() && report.damaged > 0 ? 1 : 0;
+  }
   if (*validate) {
     const auto g = fact::ir::load_graph_file(opt.graph_path);
     std::cout << opt.graph_path << ": ok, " << g.size() << " nodes\n";

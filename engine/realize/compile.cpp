@@ -202,6 +202,48 @@ std::string tree_digest(const std::vector<std::filesystem::path>& roots) {
   return known[id] = sha256_hex(all).substr(0, 16);
 }
 
+// A 64-bit little-endian ELF whose section header table (written last) lies within the bytes.
+static bool whole_elf(const std::string& b) {
+  if (b.size() < 64 || b.compare(0, 4, "\x7f" "ELF") != 0 || b[4] != 2 || b[5] != 1) return false;
+  auto le = [&](size_t at, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(b[at + i])) << (8 * i);
+    return v;
+  };
+  const uint64_t shoff = le(0x28, 8), shentsize = le(0x3A, 2), shnum = le(0x3C, 2);
+  return shoff > 0 && shoff + shentsize * shnum <= b.size();
+}
+
+std::string check_cached_library(const std::filesystem::path& entry) {
+  namespace fs = std::filesystem;
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(read_file(entry / "meta.json"));
+  } catch (const std::exception&) {
+    return "has no readable meta.json";
+  }
+  if (!meta.contains("sha256") || !meta.contains("size")) {
+    // Built before digests were kept: adopted when its ELF image is whole (the section table,
+    // which comes last, lies within the file), with its digest recorded from now on.
+    const std::string bytes = read_file(entry / "kernel.so");
+    if (!whole_elf(bytes)) return "is not a whole shared library (truncated?)";
+    meta["size"] = bytes.size();
+    meta["sha256"] = sha256_hex(bytes);
+    write_text_file(entry / "meta.json", meta.dump(2));
+    return "";
+  }
+  std::error_code ec;
+  const auto size = fs::file_size(entry / "kernel.so", ec);
+  if (ec || size != meta["size"].get<uint64_t>()) {
+    return "is " + (ec ? std::string("unreadable") : std::to_string(size) + " bytes") + ", not the " +
+           std::to_string(meta["size"].get<uint64_t>()) + " it was built with";
+  }
+  if (sha256_hex(read_file(entry / "kernel.so")) != meta["sha256"].get<std::string>()) {
+    return "does not match the digest it was built with";
+  }
+  return "";
+}
+
 std::string cutlass_version(const std::string& cutlass_dir) {
   const auto text = read_file(fs::path(cutlass_dir) / "include" / "cutlass" / "version.h");
   std::string v;
@@ -272,6 +314,48 @@ double default_compile_timeout() {
   return 1800;
 }
 
+CacheReport check_cache(const std::string& dir_in, bool clean) {
+  const std::string dir = dir_in.empty() ? default_cache_dir() : dir_in;
+  CacheReport r;
+  std::ostringstream out;
+  if (!fs::is_directory(dir)) {
+    out << "kernel cache " << dir << ": no such folder (nothing cached yet)\n";
+    r.text = out.str();
+    return r;
+  }
+  static const std::regex entry_name("[0-9a-f]{64}");
+  std::vector<fs::path> entries;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) entries.push_back(it->path());
+  std::sort(entries.begin(), entries.end());
+  for (const auto& path : entries) {
+    const std::string name = path.filename().string();
+    if (std::regex_match(name, entry_name) && fs::exists(path / "kernel.so")) {
+      const std::string why = check_cached_library(path);
+      if (why.empty()) {
+        ++r.ok;
+        continue;
+      }
+      ++r.damaged;
+      out << "damaged: " << path.string() << " (" << why << ")\n";
+      if (clean) {
+        fs::remove_all(path, ec);
+        r.removed += ec ? 0 : 1;
+      }
+    } else if (clean && name.rfind("failed-", 0) == 0) {
+      fs::remove_all(path, ec);
+      r.removed += ec ? 0 : 1;
+    }
+  }
+  if (clean) r.removed += sweep_abandoned_builds(dir, std::chrono::seconds(0));
+  out << "kernel cache " << dir << ": " << r.ok << " kernels ok, " << r.damaged << " damaged";
+  if (clean) out << ", " << r.removed << " folders removed";
+  else if (r.damaged) out << " (`fact cache clean` removes them; the next realize builds them again)";
+  out << "\n";
+  r.text = out.str();
+  return r;
+}
+
 int default_compile_jobs(size_t kernels, unsigned cores) {
   const size_t c = std::max(1u, cores);
   // Compiles of one run take about as long as each other (a CUTLASS kernel, a minute or so), and
@@ -327,9 +411,22 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
       r.library = (entry / "kernel.so").string();
       r.log = (entry / "build.log").string();
       const auto start = std::chrono::steady_clock::now();
+      std::string damaged;
       if (fs::exists(entry / "kernel.so")) {
-        r.ok = r.cached = true;
-      } else {
+        damaged = check_cached_library(entry);
+        if (damaged.empty()) {
+          r.ok = r.cached = true;
+        } else {  // truncated or altered since it was built: build it again
+          std::error_code ec;
+          fs::remove_all(entry, ec);
+          if (!opt.quiet) {
+            std::lock_guard<std::mutex> lock(print);
+            std::cerr << "kernel cache: " << job.name << " (" << entry.string() << ") " << damaged
+                      << "; building it again\n";
+          }
+        }
+      }
+      if (!r.ok) {
         // Build in a private folder, publish with one rename: a crash never leaves half an entry.
         const fs::path tmp = fs::path(opt.cache_dir) / (".tmp-" + r.key + "-" + std::to_string(getpid()));
         fs::create_directories(tmp);
@@ -347,10 +444,14 @@ std::vector<CompileResult> compile_all(const std::vector<CompileJob>& jobs, cons
         argv.insert(argv.end(), {(tmp / "kernel.cu").string(), "-o", (tmp / "kernel.so").string()});
         const Ended ended = run_logged(argv, tmp / "build.log", opt.timeout_s);
         r.ok = ended.status == 0 && fs::exists(tmp / "kernel.so");
-        write_text_file(tmp / "meta.json", nlohmann::json({{"name", job.name}, {"key", r.key}, {"ok", r.ok},
-                                                           {"rc", ended.status}, {"signal", ended.signal},
-                                                           {"timed_out", ended.timed_out}})
-                                               .dump(2));
+        nlohmann::json meta = {{"name", job.name},     {"key", r.key},          {"ok", r.ok},
+                               {"rc", ended.status},   {"signal", ended.signal}, {"timed_out", ended.timed_out}};
+        if (r.ok) {  // what check_cached_library compares before every reuse
+          const std::string bytes = read_file(tmp / "kernel.so");
+          meta["size"] = bytes.size();
+          meta["sha256"] = sha256_hex(bytes);
+        }
+        write_text_file(tmp / "meta.json", meta.dump(2));
         if (r.ok) {
           std::error_code rename_error;
           fs::rename(tmp, entry, rename_error);

@@ -55,6 +55,17 @@ std::vector<std::string> ptxas_advisories(const std::string& log);
 // does not hold CUTLASS's headers.
 std::string find_cutlass(const std::string& hint);
 std::string cutlass_version(const std::string& cutlass_dir);
+// Empty when a cache entry's kernel.so has the size and SHA-256 its meta.json recorded when it
+// was built; otherwise what is wrong with it (truncated, altered, no record).
+std::string check_cached_library(const std::filesystem::path& entry);
+
+// `fact-engine cache verify|clean`: every entry of the kernel cache checked (check_cached_library);
+// with `clean`, damaged entries, failed builds' folders and abandoned builds removed.
+struct CacheReport {
+  int ok = 0, damaged = 0, removed = 0;
+  std::string text;  // a line per damaged entry, then a summary
+};
+CacheReport check_cache(const std::string& cache_dir, bool clean);
 // A digest of every file under the given folders (relative paths and contents), computed once
 // per process and folder set: what a kernel compiled against those headers depends on.
 std::string tree_digest(const std::vector<std::filesystem::path>& roots);

@@ -29,8 +29,8 @@ ARCH_CHOICES = ("sm90", "sm80")
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 user error, 130 interrupted)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["registry"]:  # the engine's own command: its options go to it untouched
-        args = argparse.Namespace(run=_registry, engine_args=argv[1:])
+    if argv[:1] in (["registry"], ["cache"]):  # the engine's own commands: options untouched
+        args = argparse.Namespace(run=_passthrough, command=argv[0], engine_args=argv[1:])
     else:
         try:
             args = _parser().parse_args(argv)
@@ -188,7 +188,17 @@ def _parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     registry.add_argument("engine_args", nargs=argparse.REMAINDER)
-    registry.set_defaults(run=_registry)
+    registry.set_defaults(run=_passthrough)
+
+    cache = commands.add_parser(
+        "cache",
+        help="check or clean the kernel cache (fact-engine cache ...)",
+        description="The kernel cache: verify (every kernel against the digest it was built "
+        "with; exit 1 when one is damaged) | clean (remove damaged kernels and failed builds).",
+        add_help=False,
+    )
+    cache.add_argument("engine_args", nargs=argparse.REMAINDER)
+    cache.set_defaults(run=_passthrough)
 
     trace = commands.add_parser(
         "trace",
@@ -307,10 +317,13 @@ def _realize(args: argparse.Namespace) -> int:
     return _engine_command("realize", args, extra, save_to=None, stream_stderr=True)
 
 
-def _registry(args: argparse.Namespace) -> int:
-    done = run_engine(["registry", *(args.engine_args or ["--help"])])
+def _passthrough(args: argparse.Namespace) -> int:
+    """`fact registry ...` and `fact cache ...`: the engine's commands, their options as given."""
+    extra = args.engine_args or ["--help"]
+    allowed = (1,) if args.command == "cache" else ()  # verify found a damaged kernel
+    done = run_engine([args.command, *extra], allowed=allowed)
     sys.stdout.write(done.stdout)
-    return 0
+    return done.returncode
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -234,3 +234,52 @@ def test_realize_that_builds_nothing_fails_and_says_why(
         assert detail in row["detail"], row["detail"]
         log = row["detail"].rsplit("its log: ", 1)[1]
         assert Path(log).is_file(), log
+
+
+class Region(nn.Module):
+    """One pointwise region: a kernel that compiles in seconds."""
+
+    def forward(self, x):
+        return torch.sigmoid(x) * 2.0 + x
+
+
+def test_a_damaged_cached_kernel_is_rebuilt_never_loaded(engine_available, tmp_path):
+    from fact.tune.abi import AbiError, KernelLibrary
+
+    graph = json.loads(json.dumps(fact.trace(Region().eval(), [torch.randn(4, 64)])))
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(graph))
+    cache = tmp_path / "cache"
+
+    def realize(run: str) -> list[dict]:
+        done = _engine(
+            engine_available, "realize", path, "--out", tmp_path / run, "--cutlass-dir",
+            _cutlass(), "--cache-dir", cache, "--json", timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    first, _ = realize("run1")
+    if any(e["status"] == "compile_error" for e in first):
+        pytest.skip(f"no working nvcc here: {first[0].get('detail')}")
+    entry = cache / first[0]["cache_key"]
+    library = entry / "kernel.so"
+    data = library.read_bytes()
+    library.write_bytes(data[: len(data) // 2])  # a full disk, a broken copy
+
+    verify = _engine(engine_available, "cache", "--cache-dir", cache, "verify")
+    assert verify.returncode == 1 and "damaged" in verify.stdout, verify.stdout
+    with pytest.raises(AbiError, match="cut short"):
+        KernelLibrary(library)
+
+    again, stderr = realize("run2")
+    status = {e["cache_key"]: e["status"] for e in again}
+    assert status.pop(first[0]["cache_key"]) == "compiled"  # the damaged one: not "cached"
+    assert set(status.values()) == {"cached"}
+    assert "building it again" in stderr
+    KernelLibrary(library)  # whole again: it loads
+    assert _engine(engine_available, "cache", "--cache-dir", cache, "verify").returncode == 0
+
+    (entry / "kernel.so").write_bytes(b"\x7fELF" + b"\0" * 100)
+    clean = _engine(engine_available, "cache", "--cache-dir", cache, "clean")
+    assert clean.returncode == 0 and "1 damaged" in clean.stdout and not entry.exists(), clean

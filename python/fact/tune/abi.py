@@ -277,6 +277,27 @@ def _text(raw: bytes | None) -> str:
     return raw.decode("utf-8", errors="replace") if raw else ""
 
 
+def whole_library(path: Path) -> str:
+    """Empty when `path` is a whole 64-bit ELF image (its section header table, written last,
+    lies within the file); otherwise what is wrong. A cheap check before dlopen: a kernel cut
+    short by a full disk or a broken copy would load and then fault when a page past its end is
+    touched, killing the process."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+        size = path.stat().st_size
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return "is not a 64-bit ELF shared library"
+    shoff = int.from_bytes(head[0x28:0x30], "little")
+    shentsize = int.from_bytes(head[0x3A:0x3C], "little")
+    shnum = int.from_bytes(head[0x3C:0x3E], "little")
+    if shoff == 0 or shoff + shentsize * shnum > size:
+        return f"is cut short ({size} bytes; its section table ends at {shoff + shentsize * shnum})"
+    return ""
+
+
 class KernelLibrary:
     """One generated kernel .so, loaded with dlopen and driven through the C ABI.
 
@@ -292,6 +313,12 @@ class KernelLibrary:
         self.path = Path(path)
         if not self.path.is_file():
             raise AbiError(f"{self.path}: no such kernel library")
+        why = whole_library(self.path)
+        if why:  # dlopen of a truncated file can succeed and fault (SIGBUS) later
+            raise AbiError(
+                f"{self.path}: {why}; it will not be loaded (`fact cache verify` checks the kernel "
+                "cache, `fact cache clean` removes damaged kernels, and realize builds them again)"
+            )
         try:
             # RTLD_LOCAL: kernels built from the same template export the same symbol names;
             # each library must keep its own.
