@@ -30,6 +30,37 @@ json names(const ir::Graph& g, const std::vector<int>& ids) {
   return out;
 }
 
+// The registry is a hint (vetted configs, the ranking of candidates): one that cannot be read
+// is said once, with how to recover, and planning goes on without it.
+void warn_registry(const std::string& path, const std::string& why) {
+  static bool said = false;
+  if (said) return;
+  said = true;
+  std::cerr << "warning: the pattern registry " << path << " cannot be read (" << why
+            << "); planning without it. `fact registry salvage --registry " << path
+            << " -o rows.json` keeps the rows it can still read (import them into a new file), or "
+               "move the file away\n";
+}
+
+std::optional<registry::Registry> open_hint(const std::string& path) {
+  try {
+    return registry::Registry::open_readonly(path);
+  } catch (const std::exception& e) {
+    warn_registry(path, e.what());
+    return std::nullopt;
+  }
+}
+
+json rows_of(const std::optional<registry::Registry>& reg) {
+  if (!reg) return nullptr;
+  try {
+    return reg->count();
+  } catch (const std::exception& e) {
+    warn_registry(reg->path(), e.what());
+    return nullptr;
+  }
+}
+
 json pattern_json(const ir::Graph& g, const discover::Candidate& c, const std::string& arch,
                   const std::optional<registry::Registry>& reg) {
   const auto& m = c.match;
@@ -56,8 +87,16 @@ json pattern_json(const ir::Graph& g, const discover::Candidate& c, const std::s
             {"search_space", realize::search_space(m, arch)},
             {"vetted", json::array()}};
   if (!m.epilogue_expr.is_null()) p["epilogue_expr"] = m.epilogue_expr;
+  std::vector<registry::Hit> hits;
   if (reg) {
-    for (const auto& hit : reg->lookup(p["signature"], arch, m.problem)) {
+    try {
+      hits = reg->lookup(p["signature"], arch, m.problem);
+    } catch (const std::exception& e) {  // a registry damaged past its header: plan without it
+      warn_registry(reg->path(), e.what());
+    }
+  }
+  if (!hits.empty()) {
+    for (const auto& hit : hits) {
       p["vetted"].push_back({{"match", hit.match},
                              {"distance", hit.distance},
                              {"problem", hit.row.problem},
@@ -81,7 +120,7 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
   r.discovery = discover::discover(r.graph, cost);
   // 3. What the registry has vetted for similar work (may be empty on a cold machine).
   const std::string reg_path = opt.registry_path.empty() ? registry::Registry::default_path() : opt.registry_path;
-  const auto reg = registry::Registry::open_readonly(reg_path);
+  const auto reg = open_hint(reg_path);
   // 4. The plan.
   const auto& g = r.graph;
   const auto& d = r.discovery;
@@ -140,7 +179,7 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
             {"float32_matmul_precision", g.precision},
             {"arch", hw.arch},
             {"gpu", hw.gpu},
-            {"registry", {{"path", reg_path}, {"rows", reg ? json(reg->count()) : json(nullptr)}}},
+            {"registry", {{"path", reg_path}, {"rows", rows_of(reg)}}},
             {"patterns", patterns},
             {"pytorch_nodes", pytorch},
             {"free_nodes", free},
@@ -205,7 +244,8 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     throw UserError("run directory " + opt.run_dir + ": " + e.code().message() + " (pass --out a writable folder)");
   }
   write_text_file(run / "plan.json", r.plan.dump(2));
-  const auto reg = registry::Registry::open_readonly(r.plan["registry"]["path"].get<std::string>());
+  auto reg = open_hint(r.plan["registry"]["path"].get<std::string>());
+  if (reg && rows_of(reg).is_null()) reg.reset();  // damaged past its header: rank without it
   // 2. Per GEMM-family pattern: ranked configs, then one emitted source per config.
   struct Pending {
     size_t pattern;

@@ -184,6 +184,44 @@ int run_registry_command(const RegistryCommand& cmd, std::ostream& out) {
         << reg.count() << " rows)\n";
     return 0;
   }
+  if (cmd.action == "salvage") {
+    // Read row by row from a damaged file: what can be read goes to an export document, to
+    // import into a new registry.
+    if (!std::filesystem::exists(path)) throw UserError("registry " + path + " does not exist");
+    std::optional<registry::Registry> reg;
+    try {
+      reg = registry::Registry::open_readonly(path);
+    } catch (const std::exception& e) {
+      throw UserError("registry " + path + " cannot be opened at all (" + e.what() +
+                      "); nothing to salvage: move it away and let tuning start a new one");
+    }
+    int64_t unreadable = 0;
+    json rows = json::array();
+    for (const auto& e : reg->salvage(unreadable)) rows.push_back(e.to_json());
+    const json doc = {{"fact_registry_export", registry::kExportFormatVersion},
+                      {"schema_version", registry::kSchemaVersion},
+                      {"produced_by", {{"host", host_name()}, {"command", "fact-engine registry salvage"},
+                                       {"registry", path}, {"date", utc_now()}}},
+                      {"rows", rows}};
+    if (cmd.output.empty() || cmd.output == "-") {
+      out << doc.dump(2) << "\n";
+    } else {
+      write_text_file(cmd.output, doc.dump(2) + "\n");
+      out << cmd.output << ": " << rows.size() << " rows salvaged from " << path << ", " << unreadable
+          << " unreadable; import them into a new registry with `fact registry --registry NEW import "
+          << cmd.output << "`\n";
+    }
+    return 0;
+  }
+  if (cmd.action == "delete") {
+    auto reg = registry::Registry::open_writable(path);
+    if (!reg.remove(cmd.id)) {
+      throw UserError("registry " + path + ": no row with id " + std::to_string(cmd.id) +
+                      " (see `fact-engine registry list`)");
+    }
+    out << "registry " << path << ": row " << cmd.id << " deleted (" << reg.count() << " rows left)\n";
+    return 0;
+  }
   throw InternalError("registry command: unknown action '" + cmd.action + "'");
 }
 

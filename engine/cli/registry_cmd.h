@@ -14,7 +14,7 @@
 namespace fact::cli {
 
 struct RegistryCommand {
-  std::string action;           // list | show | export | import (set by the parser)
+  std::string action;           // list | show | export | import | salvage | delete (by the parser)
   std::string registry_path;    // --registry; empty: Registry::default_path()
   int64_t id = 0;               // show ID
   std::string file;             // import FILE
@@ -58,6 +58,11 @@ App* add_registry_command(App& app, RegistryCommand& cmd) {
   show->add_option("id", cmd.id, "row id, as `registry list` prints it")->required();
   App* exp = action(reg->add_subcommand("export", "every row as an export document (JSON)"), "export");
   exp->add_option("-o,--output", cmd.output, "write to FILE instead of stdout");
+  App* salvage = action(reg->add_subcommand("salvage", "the rows a damaged registry can still give, as an export document"),
+                        "salvage");
+  salvage->add_option("-o,--output", cmd.output, "write to FILE instead of stdout");
+  App* del = action(reg->add_subcommand("delete", "delete one row"), "delete");
+  del->add_option("id", cmd.id, "row id, as `registry list` prints it")->required();
   App* imp = action(reg->add_subcommand("import", "add an export document's rows (all or nothing; duplicates skipped)"),
                     "import");
   imp->add_option("file", cmd.file, "export document (JSON)")->required();

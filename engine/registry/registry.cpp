@@ -424,6 +424,39 @@ std::optional<Entry> Registry::get(int64_t id) const {
   return read_entry(q);
 }
 
+std::vector<Entry> Registry::salvage(int64_t& unreadable) const {
+  unreadable = 0;
+  int64_t top = 0;
+  try {
+    Stmt q(db_, path_, "SELECT MAX(id) FROM results");
+    if (sqlite3_step(q.s) == SQLITE_ROW) top = sqlite3_column_int64(q.s, 0);
+  } catch (const std::exception&) {
+    top = 1 << 24;  // no index to ask: try ids up to a large bound
+  }
+  std::vector<Entry> out;
+  int64_t misses = 0;
+  for (int64_t id = 1; id <= top && misses < 100000; ++id) {
+    try {
+      if (auto e = get(id)) {
+        out.push_back(std::move(*e));
+        misses = 0;
+      } else {
+        ++misses;
+      }
+    } catch (const std::exception&) {
+      ++unreadable;
+    }
+  }
+  return out;
+}
+
+bool Registry::remove(int64_t id) {
+  Stmt q(db_, path_, "DELETE FROM results WHERE id = ?");
+  q.bind_int(1, id);
+  if (sqlite3_step(q.s) != SQLITE_DONE) fail(db_, path_, "delete failed");
+  return sqlite3_changes(db_) > 0;
+}
+
 nlohmann::json Registry::export_json(const nlohmann::json& produced_by) const {
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& e : list()) rows.push_back(e.to_json());

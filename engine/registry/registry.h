@@ -110,6 +110,11 @@ class Registry {
   std::vector<Entry> list(const ListFilter& filter = {}) const;
   // One row by id; nullopt if there is none.
   std::optional<Entry> get(int64_t id) const;
+  // Every row that can still be read, one at a time by id (a damaged page costs only its rows),
+  // and how many could not be: `fact-engine registry salvage`.
+  std::vector<Entry> salvage(int64_t& unreadable) const;
+  // Delete one row; false when there is none with that id.
+  bool remove(int64_t id);
   // The whole registry as an export document; `produced_by` becomes its header.
   nlohmann::json export_json(const nlohmann::json& produced_by = nlohmann::json::object()) const;
   // Import an export document in one transaction: every row is validated before any is written,

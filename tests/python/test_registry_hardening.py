@@ -64,7 +64,8 @@ def test_a_large_import_takes_an_indexed_lookup_a_row(engine_available, tmp_path
     again = _import(engine_available, registry, export)  # every row a duplicate now
     elapsed = time.perf_counter() - start
     assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
-    assert "40000 imported" in first.stdout and "40000 already present" in again.stdout, again.stdout
+    assert "40000 imported" in first.stdout, first.stdout
+    assert "40000 already present" in again.stdout, again.stdout
     assert elapsed < 20, f"two imports of 40k rows took {elapsed:.1f} s"
 
 
@@ -85,7 +86,76 @@ def test_a_seed_row_never_replaces_a_measured_one(engine_available, tmp_path):
     rows = json.loads(
         subprocess.run(
             [str(engine_available), "registry", "--registry", str(registry), "export"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout  # fmt: skip
     )["rows"]
     assert sorted(r["provenance"] for r in rows) == ["seed", "seed", "tuned"]
+
+
+def _discover(registry, tmp_path) -> subprocess.CompletedProcess:
+    problem = tmp_path / "problem.py"
+    problem.write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(64, 64)\n\n"
+        "    def forward(self, x):\n        return torch.relu(self.fc(x))\n\n"
+        "def get_inputs():\n    return [torch.randn(8, 64)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    import os
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "fact", "discover", str(problem), "--json"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FACT_REGISTRY": str(registry)},
+    )  # fmt: skip
+
+
+def test_a_damaged_registry_is_a_warning_not_an_error(engine_available, tmp_path):
+    """The registry is a hint: discovery goes on without one that cannot be read, says so once
+    with how to recover, and salvage keeps the rows that can still be read."""
+    registry, export = tmp_path / "team.db", tmp_path / "rows.json"
+    _export(export, 3000, created="2026-01-01 00:00:00")
+    assert _import(engine_available, registry, export).returncode == 0
+    data = bytearray(registry.read_bytes())
+    start = len(data) // 2
+    data[start : start + 8192] = b"\xa5" * 8192  # a few pages of garbage
+    registry.write_bytes(bytes(data))
+    done = _discover(registry, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["patterns"], done.stdout
+    salvaged = tmp_path / "salvaged.json"
+    out = subprocess.run(
+        [str(engine_available), "registry", "--registry", str(registry), "salvage", "-o",
+         str(salvaged)], capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(salvaged.read_text())["rows"]
+    assert 0 < len(rows) <= 3000, out.stdout
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 1000)
+    done = _discover(garbage, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "cannot be read" in done.stderr and "salvage" in done.stderr, done.stderr
+    assert done.stderr.count("warning: the pattern registry") == 1
+
+
+def test_a_row_can_be_deleted(engine_available, tmp_path):
+    registry, export = tmp_path / "r.db", tmp_path / "rows.json"
+    _export(export, 3)
+    assert _import(engine_available, registry, export).returncode == 0
+
+    def engine(*args):
+        return subprocess.run(
+            [str(engine_available), "registry", "--registry", str(registry), *args],
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    assert "row 2 deleted (2 rows left)" in engine("delete", "2").stdout
+    gone = engine("delete", "2")
+    assert gone.returncode == 2 and "no row with id 2" in gone.stderr

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 from fact.engine import run_engine
+from fact.errors import EngineError
 from fact.tune.harness import TUNED_FAMILIES  # GEMMs, attention; not norms, pointwise
 
 
@@ -38,14 +40,16 @@ def _tuning_key(plan: dict, entry: dict) -> tuple:
 def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
     """The run's manifest entries that the registry has no passed row for (same signature,
     arch, problem and config), or None when there is no registry to ask yet."""
-    from fact.errors import EngineError
-
     try:
         doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
     except EngineError as exc:
-        if "does not exist" in str(exc):
-            return None  # no registry file yet: everything is new
-        raise  # a registry that cannot be read: say so now, not after tuning into it
+        if "does not exist" not in str(exc):  # a damaged registry is a hint lost, not an error
+            warnings.warn(
+                f"FACT: the pattern registry cannot be read ({exc}); tuning every kernel. "
+                "`fact registry salvage -o rows.json` keeps its readable rows",
+                stacklevel=2,
+            )
+        return None  # no registry to ask: everything is new
     plan = _read_json(run / "plan.json")
     manifest = _read_json(run / "manifest.json")
     known = {
@@ -143,7 +147,14 @@ def tune_run(
         export.write_text(
             json.dumps(harness.json_safe(harness.registry_export(fresh, "fact optimize")), indent=2)
         )
-        run_engine(["registry", "import", str(export), *registry])
+        try:
+            run_engine(["registry", "import", str(export), *registry])
+        except EngineError as exc:  # the results stay in the run directory
+            warnings.warn(
+                f"FACT: this run's measurements could not be stored in the registry ({exc}); "
+                f"they are in {export} (`fact registry import` it into a readable registry)",
+                stacklevel=2,
+            )
     known: list[dict] = []
     try:
         known = json.loads(run_engine(["registry", "export", *registry]).stdout).get("rows", [])
