@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 
 #include "discover/pattern.h"
 #include "ir/error.h"
@@ -150,11 +151,21 @@ nlohmann::json Entry::to_json() const {
 Row row_from_json(const nlohmann::json& j, const std::string& where) {
   auto bad = [&](const std::string& what) -> UserError { return UserError(where + ": " + what); };
   if (!j.is_object()) throw bad("a row must be a JSON object, got " + std::string(j.type_name()));
+  // Text is printable: a NUL would cut the string short in SQLite's C API, a control character
+  // would garble every listing.
+  auto printable = [&](const std::string& key, const std::string& value) {
+    for (unsigned char ch : value) {
+      if (ch < 0x20 || ch == 0x7f) throw bad("'" + key + "' holds a control character (code " + std::to_string(ch) + ")");
+    }
+  };
   auto text = [&](const char* key) {
     if (!j.contains(key) || !j[key].is_string() || j[key].get<std::string>().empty()) {
       throw bad(std::string("needs a non-empty string '") + key + "'");
     }
-    return j[key].get<std::string>();
+    const auto value = j[key].get<std::string>();
+    printable(key, value);
+    if (value.size() > 4096) throw bad(std::string("'") + key + "' is longer than 4096 characters");
+    return value;
   };
   auto object = [&](const char* key) {
     if (!j.contains(key) || !j[key].is_object()) throw bad(std::string("needs an object '") + key + "'");
@@ -162,7 +173,11 @@ Row row_from_json(const nlohmann::json& j, const std::string& where) {
   };
   // Numbers may be null or absent for rows that never produced one (a compile error has no time).
   auto number = [&](const char* key, bool required) {
-    if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
+    if (j.contains(key) && j[key].is_number()) {
+      const double v = j[key].get<double>();
+      if (!std::isfinite(v) || v < 0) throw bad(std::string("'") + key + "' must be a finite number >= 0");
+      return v;
+    }
     if (required) throw bad(std::string("needs a number '") + key + "'");
     if (j.contains(key) && !j[key].is_null()) throw bad(std::string("'") + key + "' must be a number or null");
     return 0.0;
@@ -187,6 +202,17 @@ Row row_from_json(const nlohmann::json& j, const std::string& where) {
   r.error = number("error", false);
   if (j.contains("created") && !j["created"].is_string() && !j["created"].is_null()) {
     throw bad("'created' must be a string");
+  }
+  if (j.contains("created") && j["created"].is_string()) {
+    // SQLite's datetime text, which later imports compare as text: "YYYY-MM-DD HH:MM:SS"
+    static const std::regex date(R"(\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(\.\d+)?Z?)");
+    if (!std::regex_match(j["created"].get<std::string>(), date)) {
+      throw bad("'created' is not a date and time like 2026-12-07 16:30:00: " + j["created"].dump());
+    }
+  }
+  if (r.disposition == "passed" && r.time_us <= 0) throw bad("a passed row needs a time_us above 0");
+  for (const auto* doc : {&r.problem, &r.config}) {
+    if (doc->dump().find("\\u0000") != std::string::npos) throw bad("'problem' and 'config' must not hold NUL characters");
   }
   if (j.contains("knobs") && !j["knobs"].is_null()) {
     if (!j["knobs"].is_object()) throw bad("'knobs' must be an object");

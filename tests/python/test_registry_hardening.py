@@ -9,6 +9,8 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 
 def _export(path, rows: int, start: int = 0, created: str | None = None) -> None:
     doc = {
@@ -159,3 +161,28 @@ def test_a_row_can_be_deleted(engine_available, tmp_path):
     assert "row 2 deleted (2 rows left)" in engine("delete", "2").stdout
     gone = engine("delete", "2")
     assert gone.returncode == 2 and "no row with id 2" in gone.stderr
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"time_us": -5.0}, "time_us"),
+        ({"time_us": 0.0}, "time_us above 0"),
+        ({"error": -1.0}, "error"),
+        ({"created": "yesterday"}, "created"),
+        ({"signature": "gemm[bias]\u0000:bf16"}, "signature"),
+        ({"arch": "sm90\nsm80"}, "arch"),
+        ({"config": {"name": "t\u0000x"}}, "NUL"),
+    ],
+)
+def test_implausible_rows_are_refused_and_nothing_is_written(
+    engine_available, tmp_path, change, field
+):
+    registry, export = tmp_path / "r.db", tmp_path / "rows.json"
+    _export(export, 2)
+    doc = json.loads(export.read_text())
+    doc["rows"][1].update(change)
+    export.write_text(json.dumps(doc))
+    done = _import(engine_available, registry, export)
+    assert done.returncode == 2 and field in done.stderr, done.stderr
+    assert not registry.exists()  # checked before the file is even created
