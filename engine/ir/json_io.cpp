@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -24,6 +25,17 @@ struct Loader {
   }
 
   static std::string where_node(const std::string& name) { return "node '" + name + "'"; }
+
+  // PyTorch's other dtypes, as the tracer spells those FACT has no short name for.
+  static bool is_torch_dtype_name(const std::string& s) {
+    static const std::set<std::string> names = {
+        "float64", "float32", "float16", "bfloat16", "complex32", "complex64", "complex128", "int64", "int32",
+        "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool", "float8_e4m3fn", "float8_e4m3fnuz",
+        "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "qint8", "quint8", "qint32",
+        "quint4x2", "quint2x4", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16", "int1", "int2", "int3",
+        "int4", "int5", "int6", "int7", "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7"};
+    return names.count(s) > 0;
+  }
 
   // Names are what torch.export writes (letters, digits, '_'; targets add '.' between module
   // attributes): anything else (a newline, a quote, a comment marker) is refused here, so no
@@ -125,6 +137,10 @@ struct Loader {
     TensorType t;
     t.dtype_spelling = j["dtype"].get<std::string>();
     t.dtype = dtype_from_name(t.dtype_spelling).value_or(DType::other);
+    if (t.dtype == DType::other && !is_torch_dtype_name(t.dtype_spelling)) {
+      fail(where, "unknown dtype '" + t.dtype_spelling + "' (FACT's names: f64 f32 f16 bf16 f8e4m3 f8e5m2 i64 i32 "
+                  "i16 i8 u8 bool c64 c128, or another of PyTorch's dtypes as PyTorch names it)");
+    }
     if (j["strides"].is_null()) {
       fail(where, "has a tensor without strides (a sparse or other non-strided layout); FACT "
                   "handles dense tensors only: convert with .to_dense() before tracing");
@@ -251,6 +267,11 @@ Graph load_graph_string(const std::string& text, const std::string& origin) {
     auto pos = what.find("parse error");
     throw UserError(origin + ": malformed JSON (" + (pos == std::string::npos ? what : what.substr(pos)) +
                     "); is the file truncated? Re-create it with `fact trace`");
+  } catch (const json::exception& e) {  // a number past double's range (1e999), ...
+    std::string what = e.what();
+    auto pos = what.find("] ");
+    throw UserError(origin + ": unreadable JSON (" + (pos == std::string::npos ? what : what.substr(pos + 2)) +
+                    "); re-create it with `fact trace`");
   }
   Loader loader{origin, {}};
   try {

@@ -4,6 +4,60 @@
 
 namespace fact::ir {
 
+namespace {
+
+std::string dims(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The GEMM ops' operands and output agree (the rules and emitters read their sizes from them):
+// a linear's weight is [n, k] for an input [.., k] and an output [.., n], its bias [n]; mm and
+// bmm take [.., m, k] and [.., k, n]; addmm adds its first argument to mm's result.
+template <class Fail>
+void check_gemm_shapes(const Graph& g, const Node& n, const Fail& fail) {
+  auto tensor = [&](int pos, const char* key) -> const TensorType* {
+    const Arg* a = n.arg(pos, key);
+    if (!a || !a->is_node()) return nullptr;
+    const auto& src = g.node(a->node);
+    return src.outputs.size() == 1 ? &src.outputs[0] : nullptr;
+  };
+  auto need = [&](const TensorType* t, const char* what) {
+    if (!t) fail(n, std::string("needs a tensor ") + what + " argument");
+    return t;
+  };
+  const auto& out = n.outputs.at(0);
+  if (n.op == Op::linear) {
+    const auto* x = need(tensor(0, "input"), "input");
+    const auto* w = need(tensor(1, "weight"), "weight");
+    const auto* b = tensor(2, "bias");
+    if (x->rank() < 1 || w->rank() != 2 || w->shape[1] != x->shape.back() || out.rank() < 1 ||
+        out.shape.back() != w->shape[0] || (b && (b->rank() != 1 || b->shape[0] != w->shape[0]))) {
+      fail(n, "a linear of input " + dims(x->shape) + ", weight " + dims(w->shape) +
+                  (b ? ", bias " + dims(b->shape) : std::string()) + " cannot give " + dims(out.shape) +
+                  " (the weight must be [out, in], the bias [out])");
+    }
+  } else if (n.op == Op::mm || n.op == Op::bmm || n.op == Op::addmm || n.op == Op::baddbmm) {
+    const bool add = n.op == Op::addmm || n.op == Op::baddbmm;
+    const auto* a = need(tensor(add ? 1 : 0, add ? "mat1" : "self"), "first matrix");
+    const auto* b = need(tensor(add ? 2 : 1, add ? "mat2" : "mat2"), "second matrix");
+    const int rank = (n.op == Op::bmm || n.op == Op::baddbmm) ? 3 : 2;
+    if (a->rank() != rank || b->rank() != rank || a->shape[rank - 1] != b->shape[rank - 2] || out.rank() != rank ||
+        out.shape[rank - 2] != a->shape[rank - 2] || out.shape[rank - 1] != b->shape[rank - 1]) {
+      fail(n, "a product of " + dims(a->shape) + " and " + dims(b->shape) + " cannot give " + dims(out.shape));
+    }
+  } else if (n.op == Op::matmul) {
+    const auto* a = need(tensor(0, "self"), "first");
+    const auto* b = need(tensor(1, "other"), "second");
+    const int64_t k = a->rank() ? a->shape.back() : -1;
+    const int64_t kb = b->rank() >= 2 ? b->shape[b->rank() - 2] : b->rank() == 1 ? b->shape[0] : -2;
+    if (k != kb) fail(n, "matmul of " + dims(a->shape) + " and " + dims(b->shape) + ": inner sizes differ");
+  }
+}
+
+}  // namespace
+
 void validate(const Graph& g, const std::string& origin) {
   auto fail = [&](const Node& n, const std::string& what) {
     throw UserError(origin + ": node '" + n.name + "' (" + n.target_op + "): " + what);
@@ -29,6 +83,7 @@ void validate(const Graph& g, const std::string& origin) {
                             cls == OpClass::norm || cls == OpClass::attention ||
                             cls == OpClass::softmax || cls == OpClass::reduction;
     if (needs_type && n.outputs.empty()) fail(n, "has no output tensor type; re-trace the module");
+    if (cls == OpClass::gemm) check_gemm_shapes(g, n, fail);
   }
   if (g.outputs.empty()) throw UserError(origin + ": the graph has no outputs");
   if (!has_input) {

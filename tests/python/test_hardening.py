@@ -283,3 +283,43 @@ def test_a_damaged_cached_kernel_is_rebuilt_never_loaded(engine_available, tmp_p
     (entry / "kernel.so").write_bytes(b"\x7fELF" + b"\0" * 100)
     clean = _engine(engine_available, "cache", "--cache-dir", cache, "clean")
     assert clean.returncode == 0 and "1 damaged" in clean.stdout and not entry.exists(), clean
+
+
+def _edited(graph: dict, tmp_path: Path, edit) -> Path:
+    doc = json.loads(json.dumps(graph))
+    edit(doc)
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _node(doc: dict, op_prefix: str) -> dict:
+    return next(n for n in doc["nodes"] if n["op"].startswith(op_prefix))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["nodes"][0]["outputs"][0].update(dtype="zzz"), "unknown dtype 'zzz'"),
+        (
+            lambda d: d["nodes"][0]["outputs"][0].update(shape=[64, 63], strides=[63, 1]),
+            "cannot give",
+        ),
+        (
+            lambda d: _node(d, "aten.linear").update(args=_node(d, "aten.linear")["args"][:1]),
+            "needs a tensor weight",
+        ),
+        (
+            lambda d: d["nodes"][-1].update(args=[{"node": d["nodes"][0]["name"]}, 1e999]),
+            "number overflow",
+        ),
+    ],
+    ids=["dtype", "weight-shape", "arg-count", "1e999"],
+)
+def test_inconsistent_graphs_are_user_errors(engine_available, graph, tmp_path, edit, message):
+    """Refused with exit 2 and the node named, never planned (and never exit 3)."""
+    path = _edited(graph, tmp_path, edit)
+    text = path.read_text().replace("1e+999", "1e999").replace("Infinity", "1e999")
+    path.write_text(text)
+    done = _engine(engine_available, "validate", path)
+    assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
