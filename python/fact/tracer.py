@@ -102,9 +102,11 @@ def trace(
     program = export_module(
         module, example_inputs, dtype=dtype, source=source, dynamic_shapes=dynamic_shapes
     )
-    if arch is not None:
+    if arch is not None:  # planned as optimize plans it: refused where optimize refuses
         from fact import rewrites
+        from fact.compose.program import check_inference
 
+        check_inference(type(module).__name__, program)
         precision = torch.get_float32_matmul_precision()
         lines, _ = rewrites.apply(
             program, model_dtype(program), precision, arch, fold_norms=fold_norms

@@ -323,3 +323,27 @@ def test_inconsistent_graphs_are_user_errors(engine_available, graph, tmp_path, 
     path.write_text(text)
     done = _engine(engine_available, "validate", path)
     assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
+
+
+class Counting(nn.Module):
+    """Writes its own buffer every call: no inference module FACT composes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("count", torch.zeros(16))
+
+    def forward(self, x):
+        self.count.add_(1.0)
+        return torch.relu(self.fc(x)) + self.count
+
+
+def test_discover_refuses_what_optimize_refuses(engine_available, tmp_path, monkeypatch):
+    monkeypatch.setenv("FACT_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.randn(4, 16)
+    with pytest.raises(fact.FactError) as planned:
+        fact.discover(Counting().eval(), [x])
+    with pytest.raises(fact.FactError) as optimized:
+        fact.optimize(Counting().eval(), [x], quiet=True, run_dir=tmp_path / "r")
+    assert str(planned.value) == str(optimized.value)
+    assert "count" in str(planned.value) and "without side effects" in str(planned.value)

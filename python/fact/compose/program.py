@@ -53,14 +53,6 @@ class Program:
         self.model = model
         self.exported = program
         sig = program.graph_signature
-        extra = [s for s in sig.output_specs if s.kind != OutputKind.USER_OUTPUT]
-        if extra:
-            kinds = sorted({s.kind.name.lower() for s in extra})
-            raise FactError(
-                f"{type(model).__name__} mutates its own state while it runs ({', '.join(kinds)}); "
-                "FACT composes inference modules without side effects (put the model in eval() "
-                "mode, or keep this module eager)"
-            )
         # ExportedProgram.call_spec builds a new namedtuple type on every access (hundreds of
         # microseconds): read once, for every call's flatten and unflatten.
         spec = program.call_spec
@@ -68,20 +60,7 @@ class Program:
         self.input_specs = list(sig.input_specs)
         self.user_inputs = [s.arg.name for s in self.input_specs if s.kind == InputKind.USER_INPUT]
         self.graph_module: fx.GraphModule = program.graph_module
-        written = self.mutated_inputs()
-        if written:
-            raise FactError(
-                f"{type(model).__name__} writes to {', '.join(written)} while it runs; FACT "
-                "composes inference modules without side effects (keep this module eager, or "
-                "move the update out of forward)"
-            )
-        random = self.random_nodes()
-        if random:
-            raise FactError(
-                f"{type(model).__name__} draws random numbers while it runs (nodes "
-                f"{', '.join(random)}: active dropout?); FACT optimizes inference, so call "
-                "model.eval() first"
-            )
+        check_inference(type(model).__name__, program)
         # Buffers and tensor constants whose values the plan may rely on (a tril buffer becomes
         # a causal flag): remember the tensor, its version and its values, so a later change
         # is noticed.
@@ -123,40 +102,10 @@ class Program:
         return self.exported.constants[target]
 
     def mutated_inputs(self) -> list[str]:
-        """Placeholders (parameters, buffers, inputs) that an in-place op of the graph writes,
-        directly or through a view, as 'kind target' strings."""
-        specs = {s.arg.name: s for s in self.input_specs}
-        found: list[str] = []
-        for n in self.graph_module.graph.nodes:
-            for value in written_args(n):
-                base = _view_base(value)
-                if isinstance(base, fx.Node) and base.name in specs:
-                    spec = specs[base.name]
-                    what = f"{spec.kind.name.lower()} {spec.target or base.name}"
-                    if what not in found:
-                        found.append(what)
-        return found
+        return mutated_inputs(self.exported)
 
     def random_nodes(self) -> list[str]:
-        """Nodes whose result is random: dropout in training mode (also an SDPA call's
-        dropout_p), rand*, bernoulli."""
-        aten = torch.ops.aten
-        found = []
-        for n in self.graph_module.graph.nodes:
-            if n.op != "call_function":
-                continue
-            if n.target is aten.dropout.default:
-                p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
-                train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
-                if train and p:
-                    found.append(n.name)
-            elif n.target is aten.scaled_dot_product_attention.default:
-                p = n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0)
-                if p:
-                    found.append(n.name)
-            elif is_random_op(n.target):
-                found.append(n.name)
-        return found
+        return random_nodes(self.exported)
 
     def recheck_watched(self) -> None:
         """Compare every watched tensor by value at the next stale_buffers() (after writes the
@@ -347,6 +296,73 @@ class _Lookup:
 
     def __getitem__(self, key: str) -> Any:
         return self.get_value(key)
+
+
+def check_inference(name: str, program: torch.export.ExportedProgram) -> None:
+    """FactError unless the exported module is one FACT composes: inference without side effects
+    (no state it writes, no random numbers). optimize and the planning commands (discover,
+    explain, realize of a problem file) refuse the same modules with the same words."""
+    sig = program.graph_signature
+    extra = [s for s in sig.output_specs if s.kind != OutputKind.USER_OUTPUT]
+    if extra:
+        kinds = sorted({s.kind.name.lower() for s in extra})
+        raise FactError(
+            f"{name} mutates its own state while it runs ({', '.join(kinds)}); "
+            "FACT composes inference modules without side effects (put the model in eval() "
+            "mode, or keep this module eager)"
+        )
+    written = mutated_inputs(program)
+    if written:
+        raise FactError(
+            f"{name} writes to {', '.join(written)} while it runs; FACT "
+            "composes inference modules without side effects (keep this module eager, or "
+            "move the update out of forward)"
+        )
+    random = random_nodes(program)
+    if random:
+        raise FactError(
+            f"{name} draws random numbers while it runs (nodes "
+            f"{', '.join(random)}: active dropout?); FACT optimizes inference, so call "
+            "model.eval() first"
+        )
+
+
+def mutated_inputs(program: torch.export.ExportedProgram) -> list[str]:
+    """Placeholders (parameters, buffers, inputs) that an in-place op of the graph writes,
+    directly or through a view, as 'kind target' strings."""
+    specs = {s.arg.name: s for s in program.graph_signature.input_specs}
+    found: list[str] = []
+    for n in program.graph_module.graph.nodes:
+        for value in written_args(n):
+            base = _view_base(value)
+            if isinstance(base, fx.Node) and base.name in specs:
+                spec = specs[base.name]
+                what = f"{spec.kind.name.lower()} {spec.target or base.name}"
+                if what not in found:
+                    found.append(what)
+    return found
+
+
+def random_nodes(program: torch.export.ExportedProgram) -> list[str]:
+    """Nodes whose result is random: dropout in training mode (also an SDPA call's
+    dropout_p), rand*, bernoulli."""
+    aten = torch.ops.aten
+    found = []
+    for n in program.graph_module.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is aten.dropout.default:
+            p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
+            train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
+            if train and p:
+                found.append(n.name)
+        elif n.target is aten.scaled_dot_product_attention.default:
+            p = n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0)
+            if p:
+                found.append(n.name)
+        elif is_random_op(n.target):
+            found.append(n.name)
+    return found
 
 
 def written_args(n: fx.Node) -> list[Any]:
