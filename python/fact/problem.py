@@ -161,10 +161,12 @@ def load_problem(path: str | Path, dtype: str | None = None) -> Problem:
             f"get_inputs() in {shown} returned {_kind(inputs)}; it must return a list of tensors"
         )
     for i, value in enumerate(inputs):
-        if not isinstance(value, torch.Tensor):
+        # Tensors, and the plain values forward commonly takes besides (a scale, a flag, None):
+        # the trace takes those as constants, and a call with other values runs the model.
+        if not isinstance(value, (torch.Tensor, bool, int, float, type(None))):
             raise ProblemError(
-                f"get_inputs() in {shown} returned {_kind(value)} at position {i}; "
-                "every example input must be a tensor"
+                f"get_inputs() in {shown} returned {_kind(value)} at position {i}; every "
+                "example input must be a tensor, a number, a bool or None"
             )
 
     model, inputs = cast(model.eval(), list(inputs), dtype)

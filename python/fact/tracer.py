@@ -194,8 +194,10 @@ def graph_from_program(program: torch.export.ExportedProgram, *, source: str, mo
             continue
         if node.op == "placeholder":
             kind, target = placeholders.get(node.name, ("input", str(node.target)))
-            entry = _placeholder(node, kind, target, program)
             val = node.meta.get("val")
+            if kind == "input" and not isinstance(val, torch.Tensor) and not node.users:
+                continue  # a number, bool or None the export took as a constant of the trace
+            entry = _placeholder(node, kind, target, program)
             if kind in ("parameter", "input") and isinstance(val, torch.Tensor):
                 if val.dtype.is_floating_point:
                     float_dtypes.add(val.dtype)

@@ -347,3 +347,30 @@ def test_discover_refuses_what_optimize_refuses(engine_available, tmp_path, monk
         fact.optimize(Counting().eval(), [x], quiet=True, run_dir=tmp_path / "r")
     assert str(planned.value) == str(optimized.value)
     assert "count" in str(planned.value) and "without side effects" in str(planned.value)
+
+
+class Scaled(nn.Module):
+    """forward takes a number, a flag and an optional tensor besides its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x, scale, use_relu, bias=None):
+        y = self.fc(x) * scale
+        if use_relu:
+            y = torch.relu(y)
+        return y + bias if bias is not None else y
+
+
+def test_numbers_flags_and_none_are_constants_of_the_trace(engine_available, tmp_path, monkeypatch):
+    monkeypatch.setenv("FACT_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model, x = Scaled().eval(), torch.randn(4, 16)
+    plan = fact.discover(model, [x, 2.0, True, None])
+    assert [p["epilogue"] for p in plan["patterns"]] == [["bias", "scale", "relu"]]
+    opt = fact.optimize(model, [x, 2.0, True, None], quiet=True, run_dir=tmp_path / "r")
+    with torch.no_grad():
+        assert torch.allclose(opt(x, 2.0, True, None), model(x, 2.0, True, None), atol=1e-6)
+        with pytest.warns(UserWarning, match="other values of its non-tensor arguments"):
+            assert torch.allclose(opt(x, 3.0, False, None), model(x, 3.0, False, None))

@@ -65,7 +65,7 @@ BAD = {
     "get_inputs_non_tensor": (
         "import torch\nclass Model(torch.nn.Module):\n    pass\n"
         "def get_inputs():\n    return [torch.randn(2), 'x']\n",
-        "returned a str at position 1; every example input must be a tensor",
+        "returned a str at position 1; every example input must be a tensor, a number",
     ),
     "get_inputs_raises": (
         "import torch\nclass Model(torch.nn.Module):\n    pass\n"
