@@ -239,7 +239,17 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   r.plan = d.plan;
   const fs::path run(opt.run_dir);
   try {
-    for (const char* sub : {"src", "lib", "candidates"}) fs::create_directories(run / sub);
+    // A run directory used before holds another plan's kernels: what realize wrote there goes,
+    // so that src/ and lib/ hold this plan's and nothing else.
+    for (const char* sub : {"src", "lib", "candidates"}) {
+      if (fs::is_directory(run / sub)) {
+        for (const auto& f : fs::directory_iterator(run / sub)) {
+          const auto ext = f.path().extension();
+          if (f.is_regular_file() && (ext == ".cu" || ext == ".so" || ext == ".h" || ext == ".json")) fs::remove(f.path());
+        }
+      }
+      fs::create_directories(run / sub);
+    }
   } catch (const fs::filesystem_error& e) {
     throw UserError("run directory " + opt.run_dir + ": " + e.code().message() + " (pass --out a writable folder)");
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -282,6 +283,9 @@ Graph load_graph_string(const std::string& text, const std::string& origin) {
 }
 
 Graph load_graph_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) {
+    throw UserError(path + ": a folder, not a graph file (make one with `fact trace problem.py -o graph.json`)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UserError(path + ": cannot open the graph file (does it exist?)");
   std::ostringstream text;

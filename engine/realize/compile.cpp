@@ -259,7 +259,8 @@ std::string nvcc_version(const std::string& nvcc) {
   const auto out = capture(nvcc + " --version 2>/dev/null");
   const auto pos = out.find("release ");
   if (pos == std::string::npos) {
-    throw UserError("cannot run '" + nvcc + " --version': install the CUDA toolkit or pass --nvcc");
+    throw UserError("cannot run '" + nvcc + " --version': install the CUDA toolkit and put its nvcc on PATH "
+                    "(`fact-engine realize` also takes --nvcc PATH)");
   }
   return out.substr(pos, out.find('\n', pos) - pos);
 }

@@ -410,11 +410,20 @@ def _engine_command(
         args.target, is_graph, args.dtype, save_to, args.precision, arch, fold
     ) as graph_path:
         json_flag = ["--json"] if args.json else []
-        done = run_engine(
-            [subcommand, str(graph_path), *extra, *json_flag],
-            stream_stderr=stream_stderr,
-            allowed=(1,) if subcommand == "realize" else (),  # every compile failed
-        )
+        try:
+            done = run_engine(
+                [subcommand, str(graph_path), *extra, *json_flag],
+                stream_stderr=stream_stderr,
+                allowed=(1,) if subcommand == "realize" else (),  # every compile failed
+            )
+        except FactError as exc:  # name the user's file, not the temporary graph traced from it
+            if is_graph or save_to is not None:
+                raise
+            text = str(exc).replace(
+                f"fact-engine print {graph_path}",
+                f"fact trace {args.target} -o graph.json` and `fact-engine print graph.json",
+            )
+            raise type(exc)(text.replace(str(graph_path), str(args.target))) from None
     sys.stdout.write(done.stdout)
     sys.stdout.flush()
     if done.returncode:

@@ -374,3 +374,53 @@ def test_numbers_flags_and_none_are_constants_of_the_trace(engine_available, tmp
         assert torch.allclose(opt(x, 2.0, True, None), model(x, 2.0, True, None), atol=1e-6)
         with pytest.warns(UserWarning, match="other values of its non-tensor arguments"):
             assert torch.allclose(opt(x, 3.0, False, None), model(x, 3.0, False, None))
+
+
+def _fact(*args, env=None) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "fact", *map(str, args)], capture_output=True, text=True,
+        timeout=300, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_messages_name_the_users_file_and_real_flags(engine_available, tmp_path):
+    problem = tmp_path / "problem.py"
+    problem.write_text(
+        "import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return torch.relu(x) * 2\n\ndef get_inputs():\n    return [torch.randn(4, 8)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    done = _fact("explain", problem, "--node", "nosuch")
+    assert done.returncode == 2 and str(problem) in done.stderr, done.stderr
+    assert "/tmp/fact-" not in done.stderr and "fact trace" in done.stderr, done.stderr
+    folder = _engine(engine_available, "validate", tmp_path)
+    assert folder.returncode == 2 and "a folder, not a graph file" in folder.stderr
+    graph = tmp_path / "g.json"
+    assert _fact("trace", problem, "-o", graph).returncode == 0
+    nvcc = _engine(
+        engine_available, "realize", graph, "--out", tmp_path / "o", "--nvcc",
+        tmp_path / "no-nvcc", "--cutlass-dir", _cutlass(),
+    )  # fmt: skip
+    assert nvcc.returncode == 2 and "put its nvcc on PATH" in nvcc.stderr, nvcc.stderr
+
+
+def test_a_reused_run_directory_holds_only_this_plans_kernels(engine_available, graph, tmp_path):
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(graph))
+    run = tmp_path / "run"
+    (run / "src").mkdir(parents=True)
+    (run / "lib").mkdir()
+    (run / "src" / "fact_gemm_old.cu").write_text("// another plan's kernel\n")
+    (run / "lib" / "fact_gemm_old.so").write_bytes(b"old")
+    (run / "notes.txt").write_text("mine")
+    _engine(
+        engine_available, "realize", path, "--out", run, "--nvcc", _fake_nvcc(tmp_path),
+        "--cutlass-dir", _cutlass(), "--cache-dir", tmp_path / "cache", "--candidates", "1",
+    )  # fmt: skip
+    assert not (run / "src" / "fact_gemm_old.cu").exists()
+    assert not (run / "lib" / "fact_gemm_old.so").exists()
+    assert (run / "notes.txt").read_text() == "mine"  # not realize's: left alone
+    assert list((run / "src").glob("fact_*.cu"))
