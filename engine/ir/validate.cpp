@@ -83,6 +83,13 @@ void validate(const Graph& g, const std::string& origin) {
                             cls == OpClass::norm || cls == OpClass::attention ||
                             cls == OpClass::softmax || cls == OpClass::reduction;
     if (needs_type && n.outputs.empty()) fail(n, "has no output tensor type; re-trace the module");
+    // Ops that make one tensor: the rules read that one type (native_layer_norm and the SDPA
+    // kernels' own ops return several, and are read output by output).
+    const bool single = cls == OpClass::gemm || cls == OpClass::pointwise || cls == OpClass::softmax ||
+                        n.op == Op::layer_norm || n.op == Op::rms_norm || n.op == Op::group_norm || n.op == Op::sdpa;
+    if (single && n.outputs.size() != 1) {
+      fail(n, "has " + std::to_string(n.outputs.size()) + " output tensor types; the op makes one");
+    }
     if (cls == OpClass::gemm) check_gemm_shapes(g, n, fail);
   }
   if (g.outputs.empty()) throw UserError(origin + ": the graph has no outputs");
