@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import fact
@@ -48,7 +49,7 @@ def _cutlass() -> str:
 
 
 class Tails(nn.Module):
-    """A GEMM with an epilogue (and its tail), a row norm and a pointwise region."""
+    """A GEMM with an epilogue (and its tail), a row norm, a pointwise region and attention."""
 
     def __init__(self):
         super().__init__()
@@ -57,14 +58,17 @@ class Tails(nn.Module):
 
     def forward(self, x, y):
         h = torch.relu(self.fc(x) * 0.5 + y)
-        return self.norm(h) * torch.sigmoid(y) + 1.0
+        q = h.view(1, 8, 2, 32).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(8, 64)
+        return self.norm(a) * torch.sigmoid(y) + 1.0
 
 
 @pytest.fixture(scope="module")
 def graph() -> dict:
     """Tails traced once: the graph JSON as `fact trace` writes it."""
     torch.manual_seed(0)
-    traced = fact.trace(Tails().eval(), [torch.randn(8, 64), torch.randn(8, 64)])
+    model = Tails().eval().to(torch.bfloat16)
+    traced = fact.trace(model, [torch.randn(8, 64).bfloat16(), torch.randn(8, 64).bfloat16()])
     return json.loads(json.dumps(traced))
 
 
@@ -118,7 +122,7 @@ def test_names_never_reach_the_kernels(engine_available, graph, tmp_path):
         assert done.returncode in (0, 1), done.stderr  # every compile fails on purpose
         files = {p.name: p.read_text() for p in sorted((run / "src").glob("*.cu"))}
         families = {name.split("_")[1] for name in files}
-        assert {"gemm", "pointwise", "layer"} <= families, sorted(files)
+        assert {"gemm", "pointwise", "layer", "attention"} <= families, sorted(files)
         sources.append(files)
         manifest = json.loads((run / "manifest.json").read_text())
         sources[-1]["keys"] = sorted(e.get("cache_key", "") for e in manifest)
@@ -191,7 +195,8 @@ def test_kernel_keys_follow_the_headers_not_where_they_lie(engine_available, gra
             cutlass, "--cache-dir", tmp_path / f"cache-{label}", "--candidates", "1", "--quiet",
         )  # fmt: skip
         assert done.returncode in (0, 1), done.stderr
-        return sorted(e["cache_key"] for e in json.loads((run / "manifest.json").read_text()))
+        manifest = json.loads((run / "manifest.json").read_text())
+        return sorted(e["cache_key"] for e in manifest if e.get("cache_key"))
 
     here = keys(_fake_cutlass(tmp_path / "a" / "cutlass"), "a")
     moved = keys(_fake_cutlass(tmp_path / "elsewhere" / "tree"), "b")
