@@ -32,8 +32,14 @@ void check_gemm_shapes(const Graph& g, const Node& n, const Fail& fail) {
     const auto* x = need(tensor(0, "input"), "input");
     const auto* w = need(tensor(1, "weight"), "weight");
     const auto* b = tensor(2, "bias");
-    if (x->rank() < 1 || w->rank() != 2 || w->shape[1] != x->shape.back() || out.rank() < 1 ||
-        out.shape.back() != w->shape[0] || (b && (b->rank() != 1 || b->shape[0] != w->shape[0]))) {
+    // A 1-D weight [k] is a dot product over the last dim: the output drops it.
+    const bool vector = w->rank() == 1;
+    const int64_t n_out = vector ? -1 : (w->rank() == 2 ? w->shape[0] : -2);
+    const bool fits =
+        x->rank() >= 1 && (w->rank() == 1 || w->rank() == 2) && w->shape.back() == x->shape.back() &&
+        (vector ? out.rank() == x->rank() - 1 : out.rank() >= 1 && out.shape.back() == n_out) &&
+        (!b || vector || (b->rank() <= 1 && (b->rank() == 0 || b->shape[0] == n_out || b->shape[0] == 1)));
+    if (!fits) {
       fail(n, "a linear of input " + dims(x->shape) + ", weight " + dims(w->shape) +
                   (b ? ", bias " + dims(b->shape) : std::string()) + " cannot give " + dims(out.shape) +
                   " (the weight must be [out, in], the bias [out])");

@@ -285,7 +285,11 @@ def test_a_damaged_cached_kernel_is_rebuilt_never_loaded(engine_available, tmp_p
     KernelLibrary(library)  # whole again: it loads
     assert _engine(engine_available, "cache", "--cache-dir", cache, "verify").returncode == 0
 
-    (entry / "kernel.so").write_bytes(b"\x7fELF" + b"\0" * 100)
+    # a new file in its place: writing into the one this process has loaded would change the
+    # pages it maps
+    broken = entry / "kernel.so.new"
+    broken.write_bytes(b"\x7fELF" + b"\0" * 100)
+    broken.replace(entry / "kernel.so")
     clean = _engine(engine_available, "cache", "--cache-dir", cache, "clean")
     assert clean.returncode == 0 and "1 damaged" in clean.stdout and not entry.exists(), clean
 

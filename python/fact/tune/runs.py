@@ -37,13 +37,17 @@ def _tuning_key(plan: dict, entry: dict) -> tuple:
     return (pattern["signature"], json.dumps(pattern["problem"], sort_keys=True), entry["kernel"])
 
 
-def unmeasured(run: Path, registry: list[str]) -> list[dict] | None:
+def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict] | None:
     """The run's manifest entries that the registry has no passed row for (same signature,
-    arch, problem and config), or None when there is no registry to ask yet."""
+    arch, problem and config), or None when there is no registry to ask yet. A registry that
+    cannot be read raises EngineError when `strict` (`fact tune`, which will write into it:
+    say so before tuning), else it is warned about and counts as none (optimize's tuning)."""
     try:
         doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
     except EngineError as exc:
         if "does not exist" not in str(exc):  # a damaged registry is a hint lost, not an error
+            if strict:
+                raise
             warnings.warn(
                 f"FACT: the pattern registry cannot be read ({exc}); tuning every kernel. "
                 "`fact registry salvage -o rows.json` keeps its readable rows",
@@ -105,7 +109,7 @@ def tune_run(
     # One kernel can serve several patterns (same signature, other sizes): entries are keyed by
     # pattern and kernel, and each pattern's are tuned at its own problem.
     by_entry = {(e["pattern_index"], e["kernel"]): e for e in built}
-    pending = unmeasured(run, registry)
+    pending = unmeasured(run, registry, strict=False)
     if pending is None:
         pending = built
     else:
