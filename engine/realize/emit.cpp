@@ -348,15 +348,12 @@ json lower_gated_mlp(const json& p) {
   return out;
 }
 
-json gated_mlp_tail(const json& lowered) {
-  const auto& attrs = lowered.at("attrs");
-  json up;
-  for (const auto& o : lowered.at("operands")) {
-    if (o.value("role", "") == "up") up = o;
-  }
-  if (up.is_null()) throw NotSupported("a lowered gated MLP without its up operand");
-  // The SSA over acc and operands becomes one over inputs: acc (the gate) is input 0.
-  json ssa = lowered.at("epilogue_expr").at("ssa");
+namespace {
+
+// A GEMM epilogue's SSA over acc and operands as a pointwise region's over inputs: acc becomes
+// input 0, operand i input i + 1 (how both tails read their inputs).
+json ssa_over_inputs(const json& ssa_in) {
+  json ssa = ssa_in;
   for (auto& e : ssa) {
     if (e.at("op") == "acc") {
       e = {{"id", e.at("id")}, {"op", "operand"}, {"index", 0}};
@@ -364,14 +361,40 @@ json gated_mlp_tail(const json& lowered) {
       e["index"] = e.at("index").get<int>() + 1;
     }
   }
+  return ssa;
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  int64_t step = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = step;
+    step *= shape[d];
+  }
+  return strides;
+}
+
+std::string steps_text(const json& epilogue) {
+  std::string steps;
+  for (const auto& step : epilogue) steps += (steps.empty() ? "" : "+") + step.get<std::string>();
+  return steps;
+}
+
+}  // namespace
+
+json gated_mlp_tail(const json& lowered) {
+  const auto& attrs = lowered.at("attrs");
+  json up;
+  for (const auto& o : lowered.at("operands")) {
+    if (o.value("role", "") == "up") up = o;
+  }
+  if (up.is_null()) throw NotSupported("a lowered gated MLP without its up operand");
+  // acc (the gate) is input 0
+  const json ssa = ssa_over_inputs(lowered.at("epilogue_expr").at("ssa"));
   const std::vector<int64_t> shape = type_shape(up.value("type", ""));
   if (shape.empty()) throw NotSupported("the up projection's output has no dims");
-  std::vector<int64_t> strides(shape.size(), 1);
-  int64_t numel = 1;
-  for (size_t d = shape.size(); d-- > 0;) {
-    strides[d] = numel;
-    numel *= shape[d];
-  }
+  const std::vector<int64_t> strides = contiguous_strides(shape);
+  const int64_t numel = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
   json gate = up;
   gate["role"] = "in0";
   gate["node"] = attrs.at("gate");
@@ -380,8 +403,7 @@ json gated_mlp_tail(const json& lowered) {
   up.erase("broadcast");
   std::string text = lowered.at("epilogue_expr").value("text", "");
   if (const auto at = text.find("acc"); at != std::string::npos) text.replace(at, 3, "gate");
-  std::string steps;
-  for (const auto& step : lowered.at("epilogue")) steps += (steps.empty() ? "" : "+") + step.get<std::string>();
+  const std::string steps = steps_text(lowered.at("epilogue"));
   return {{"family", "pointwise"},
           {"rule", "gated_mlp_tail"},
           {"signature", "pointwise[" + steps + "]:" + attrs.value("dtype_out", "") + "->" + attrs.value("dtype_out", "")},
@@ -406,15 +428,6 @@ json gemm_epilogue_tail(const json& pattern, const std::vector<int64_t>& out_sha
     throw NotSupported("a GEMM without an epilogue has no tail");
   }
   if (out_shape.empty() || out_shape.size() > 8) throw NotSupported("the output's rank is not 1 to 8");
-  auto contiguous = [](const std::vector<int64_t>& shape) {
-    std::vector<int64_t> strides(shape.size(), 1);
-    int64_t step = 1;
-    for (size_t d = shape.size(); d-- > 0;) {
-      strides[d] = step;
-      step *= shape[d];
-    }
-    return strides;
-  };
   auto type = [](const std::string& dtype, const std::vector<int64_t>& shape) {
     std::string t = dtype + "[";
     for (size_t d = 0; d < shape.size(); ++d) t += (d ? ", " : "") + std::to_string(shape[d]);
@@ -428,7 +441,7 @@ json gemm_epilogue_tail(const json& pattern, const std::vector<int64_t>& out_sha
   // views them so): a row vector [n], a column [.., 1], a scalar [1], a full tensor as the output.
   json operands = json::array({{{"role", "in0"}, {"node", ""}, {"type", type(acc_dtype, out_shape)}}});
   json access = json::array({"contiguous"});
-  json strides = json::array({contiguous(out_shape)});
+  json strides = json::array({contiguous_strides(out_shape)});
   for (const auto& o : pattern.at("operands")) {
     const std::string role = o.value("role", "");
     if (role == "a" || role == "b") continue;
@@ -449,19 +462,11 @@ json gemm_epilogue_tail(const json& pattern, const std::vector<int64_t>& out_sha
     }
     operands.push_back({{"role", "in" + std::to_string(operands.size())}, {"node", o.value("node", "")}, {"type", type(dtype, shape)}});
     access.push_back(kind == "row" || kind == "full" ? "contiguous" : "broadcast");
-    strides.push_back(contiguous(shape));
+    strides.push_back(contiguous_strides(shape));
   }
   if (operands.size() > 16) throw NotSupported("more than 16 inputs");
-  json ssa = ssa_in;
-  for (auto& e : ssa) {
-    if (e.at("op") == "acc") {
-      e = {{"id", e.at("id")}, {"op", "operand"}, {"index", 0}};
-    } else if (e.at("op") == "operand") {
-      e["index"] = e.at("index").get<int>() + 1;
-    }
-  }
-  std::string steps;
-  for (const auto& step : pattern.at("epilogue")) steps += (steps.empty() ? "" : "+") + step.get<std::string>();
+  const json ssa = ssa_over_inputs(ssa_in);
+  const std::string steps = steps_text(pattern.at("epilogue"));
   const std::string dtype_out = attrs.value("dtype_out", "");
   json tail = {{"family", "pointwise"},
                {"rule", "gemm_epilogue_tail"},
@@ -477,7 +482,7 @@ json gemm_epilogue_tail(const json& pattern, const std::vector<int64_t>& out_sha
                           {"operand_strides", strides},
                           {"dtype_out", dtype_out},
                           {"shape", out_shape},
-                          {"strides", contiguous(out_shape)}}}};
+                          {"strides", contiguous_strides(out_shape)}}}};
   PointwiseSpec::from_pattern(tail);  // NotSupported unless every function has kernel code
   return tail;
 }

@@ -54,12 +54,13 @@ def constant_inputs(node: fx.Node) -> list[fx.Node] | None:
     return sorted(seen, key=order.__getitem__)
 
 
-def evaluate(node: fx.Node, consumer: fx.Node) -> Any:
-    """The value of a node computed from constants alone (see constant_inputs), on the CPU. The
-    calls between them that return nothing and that nothing reads (torch.func's vmap nesting
-    around a vmapped mask function) run in graph order too, up to `consumer`, the mask's reader,
-    so that they pair up as traced; vmap's nesting is restored whatever happens."""
-    needed = set(constant_inputs(node) or [])
+def evaluate(node: fx.Node, consumer: fx.Node, region: list[fx.Node]) -> Any:
+    """The value of a node computed from constants alone (`region`: constant_inputs(node)), on
+    the CPU. The calls between them that return nothing and that nothing reads (torch.func's
+    vmap nesting around a vmapped mask function) run in graph order too, up to `consumer`, the
+    mask's reader, so that they pair up as traced; vmap's nesting is restored whatever
+    happens."""
+    needed = set(region)
     level = _vmap_level()
     env: dict[fx.Node, Any] = {}
     started = False
@@ -144,7 +145,7 @@ def rewrite(program: torch.export.ExportedProgram) -> list[str]:
         if region is None:
             continue
         try:
-            value = evaluate(mask, node)
+            value = evaluate(mask, node, region)
             if not isinstance(value, torch.Tensor):
                 continue
             value = value.cpu()

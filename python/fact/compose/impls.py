@@ -34,7 +34,6 @@ import torch.fx as fx
 
 from fact.compose.ops import (
     BODIES,
-    MAX_PREPARED,
     AttentionKernel,
     GemmKernel,
     NormKernel,
@@ -42,6 +41,7 @@ from fact.compose.ops import (
     gemm_call_key,
     kernel_entry,
     prepare_gemm,
+    prepared_launch,
     register_kernel,
 )
 from fact.compose.program import Region
@@ -112,6 +112,23 @@ def role_input(
     return None
 
 
+def _gemm_views(entry: GemmKernel, a, b, operands, form: str) -> tuple:
+    """(A, B, operands) of a GEMM call as the kernel reads them: views of the graph's tensors
+    in the kernel's layouts (copies only where no view has that layout)."""
+    spec = entry.spec
+    p = spec.problem
+    batch, m, n, k = (int(p.get(key, 1)) for key in ("batch", "m", "n", "k"))
+    lead = (batch,) if batch > 1 else ()
+    A = a.reshape(*lead, m, k)
+    B = b.t() if form == "linear" else b.reshape(*lead, k, n)
+    A, B = _as_layout(A, spec.layout_a), _as_layout(B, spec.layout_b)
+    ops = [
+        _operand(t, o.kind, torch_dtype(o.dtype), batch, m, n)
+        for t, o in zip(operands, spec.operands, strict=True)
+    ]
+    return A, B, ops
+
+
 def run_gemm_pattern(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -127,34 +144,17 @@ def run_gemm_pattern(
     the op's body, not through the dispatcher (see direct_calls), through a prepared launch
     where the call's layout allows one (ops.PreparedGemm)."""
     entry = kernel_entry(kernel)
-    layout = None
     if direct and entry.backend == "cutlass":
+
+        def prepare() -> Any:
+            views = _gemm_views(entry, a, b, operands, form)
+            return prepare_gemm(entry, views, (a, b, operands), out_shape)
+
         layout = gemm_call_key(entry, a, b, operands)
-        prepared = entry.prepared.get(layout)
-        if prepared is not None:
-            out = prepared.launch(a, b, operands)
-            if out is not None:
-                return out
-    spec = entry.spec
-    p = spec.problem
-    batch, m, n, k = (int(p.get(key, 1)) for key in ("batch", "m", "n", "k"))
-    lead = (batch,) if batch > 1 else ()
-    A = a.reshape(*lead, m, k)
-    B = b.t() if form == "linear" else b.reshape(*lead, k, n)
-    A, B = _as_layout(A, spec.layout_a), _as_layout(B, spec.layout_b)
-    ops = [
-        _operand(t, o.kind, torch_dtype(o.dtype), batch, m, n)
-        for t, o in zip(operands, spec.operands, strict=True)
-    ]
-    if layout is not None and layout not in entry.prepared:
-        if len(entry.prepared) >= MAX_PREPARED:
-            entry.prepared.clear()
-        prepared = prepare_gemm(entry, (A, B, ops), (a, b, operands), out_shape)
-        entry.prepared[layout] = prepared
-        if prepared is not None:
-            out = prepared.launch(a, b, operands)
-            if out is not None:
-                return out
+        out = prepared_launch(entry.prepared, layout, prepare, a, b, operands)
+        if out is not None:
+            return out
+    A, B, ops = _gemm_views(entry, a, b, operands, form)
     gemm = BODIES[torch.ops.fact.gemm.default] if direct else torch.ops.fact.gemm.default
     return gemm(A, B, ops, kernel).reshape(out_shape)
 

@@ -28,7 +28,7 @@ import contextvars
 import math
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,12 +186,9 @@ def _launch(run, args, nbytes: int, device: torch.device) -> int:
 
 def current_stream(device: torch.device) -> int:
     """The raw handle of PyTorch's current stream on `device` (the launch's stream)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _RAW_STREAM(index) if _RAW_STREAM is not None else _stream_handle(device)
-
-
-def _stream_handle(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    if _RAW_STREAM is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _RAW_STREAM(device.index if device.index is not None else torch.cuda.current_device())
 
 
 # The handle without building a Stream object (what torch.compile's generated code calls);
@@ -300,6 +297,18 @@ def _gemm_fake(a, b, operands, kernel):
 
 MAX_PREPARED = 64  # layouts kept per kernel; a caller cycling through more starts over
 _UNSEEN = object()
+
+
+def prepared_launch(cache: dict, layout: tuple, prepare: Callable[[], Any], *tensors) -> Any:
+    """Launch through the packed arguments of `layout`, packing them (prepare()) the first time
+    it is seen; None where the layout has none or this call's pointers do not fit them: the
+    caller then takes its checked path."""
+    prepared = cache.get(layout, _UNSEEN)
+    if prepared is _UNSEEN:
+        if len(cache) >= MAX_PREPARED:
+            cache.clear()
+        prepared = cache[layout] = prepare()
+    return prepared.launch(*tensors) if prepared is not None else None
 
 
 def gemm_call_key(entry: GemmKernel, a: torch.Tensor, b: torch.Tensor, operands) -> tuple:
@@ -555,7 +564,9 @@ class PreparedNorm:
 
 def _prepare_norm(entry: NormKernel, x, weight, bias) -> PreparedNorm | None:
     """PreparedNorm for a call whose rows, weight and bias the kernel reads in place, and that
-    the kernel can implement; None otherwise (the checked path runs such calls)."""
+    the kernel can implement; None otherwise (the checked path runs such calls). FactError for
+    tensors of other dtypes than the kernel's, which are in the layout."""
+    _check_norm_dtypes(entry, x, weight, bias)
     lib = entry.library
     if x.dim() == 0 or x.shape[-1] != entry.cols or x.stride(-1) != 1 or x.numel() == 0:
         return None
@@ -591,19 +602,10 @@ def _norm(
         None if weight is None else (weight.shape, weight.stride(), weight.dtype),
         None if bias is None else (bias.shape, bias.stride(), bias.dtype),
     )
-    prepared = entry.prepared.get(layout, _UNSEEN)
-    if prepared is not _UNSEEN:
-        out = prepared.launch(x, weight, bias) if prepared is not None else None
-        if out is not None:
-            return out
-    else:
-        if len(entry.prepared) >= MAX_PREPARED:
-            entry.prepared.clear()
-        _check_norm_dtypes(entry, x, weight, bias)
-        prepared = entry.prepared[layout] = _prepare_norm(entry, x, weight, bias)
-        out = prepared.launch(x, weight, bias) if prepared is not None else None
-        if out is not None:
-            return out
+    prepare = lambda: _prepare_norm(entry, x, weight, bias)  # noqa: E731
+    out = prepared_launch(entry.prepared, layout, prepare, x, weight, bias)
+    if out is not None:
+        return out
     _check_norm_dtypes(entry, x, weight, bias)
     x2, args = _norm_args(entry, x)
     out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)

@@ -547,7 +547,7 @@ def choose(
                 f"times of pattern {same['index']}, the same problem"
             )
             d["timed_as"] = same["index"]
-            times = {k: Timing(**t) for k, t in same["times"].items()}
+            times = same["times"]
         else:
             progress(
                 f"checking pattern {index} {pattern.get('signature')} ({len(options)} options)"
@@ -562,18 +562,7 @@ def choose(
                 continue
             for i, why in failed.items():  # a candidate that failed while it was timed
                 d["candidates"][i].update(ok=False, message=f"failed while timed: {why}")
-            timed[key] = {
-                "index": index,
-                "times": {
-                    k: {
-                        "per_call_us": t.per_call_us,
-                        "back_to_back_us": t.back_to_back_us,
-                        "per_call_turns": t.per_call_turns,
-                        "back_to_back_turns": t.back_to_back_turns,
-                    }
-                    for k, t in times.items()
-                },
-            }
+            timed[key] = {"index": index, "times": times}
         base = times["pytorch"]
         d["eager_us"] = base.per_call_us
         d["eager_timing"] = base.as_dict()
@@ -962,8 +951,8 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
                     f"the kernel {spec.get('name')} of the cached decisions is gone "
                     f"({' and '.join(found) or 'no path recorded'}): deciding again"
                 )
-            d["impl"] = generated_impl(pattern, library, spec["detail"].get("knobs") or {})
-            d["impl"].cached_library = spec.get("cached_library")
+            knobs = spec["detail"].get("knobs") or {}
+            d["impl"] = generated_impl(pattern, library, knobs, spec.get("cached_library"))
         else:
             found = [i for i in library_impls(pattern, device) if i.name == spec["name"]]
             if not found:
@@ -972,7 +961,12 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
     return plan, rows
 
 
-def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str, Any]) -> Impl:
+def generated_impl(
+    pattern: Mapping[str, Any],
+    library: str,
+    knobs: Mapping[str, Any],
+    cached_library: str | None = None,
+) -> Impl:
     """A generated kernel library as an implementation of its pattern (GEMM, horizontal GEMM,
     row norm, fused attention or pointwise region). FactError (NotSupportedError) when the
     kernel does not fit the pattern."""
@@ -996,6 +990,7 @@ def generated_impl(pattern: Mapping[str, Any], library: str, knobs: Mapping[str,
     else:
         impl = GemmImpl(pattern, "cutlass", lib, knobs, label=lib.name)
     impl.library_path = str(library)
+    impl.cached_library = cached_library  # the kernel cache's copy: outlives the run directory
     return impl
 
 
@@ -1179,9 +1174,8 @@ def _optimize_once(
                 opts: list[Impl] = []
                 for row in _generated_rows(pattern, tuned.get(index, [])):
                     try:
-                        impl = generated_impl(pattern, row["library"], row.get("knobs") or {})
-                        impl.cached_library = row.get("cached_library")
-                        opts.append(impl)
+                        knobs, cached = row.get("knobs") or {}, row.get("cached_library")
+                        opts.append(generated_impl(pattern, row["library"], knobs, cached))
                     except FactError as exc:
                         progress(f"pattern {index}: {row['kernel']}: {exc}")
                         refused.setdefault(index, []).append(f"{row['kernel']}: {exc}")

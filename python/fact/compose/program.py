@@ -61,9 +61,6 @@ class Program:
         self.user_inputs = [s.arg.name for s in self.input_specs if s.kind == InputKind.USER_INPUT]
         self.graph_module: fx.GraphModule = program.graph_module
         check_inference(type(model).__name__, program)
-        # Buffers and tensor constants whose values the plan may rely on (a tril buffer becomes
-        # a causal flag): remember the tensor, its version and its values, so a later change
-        # is noticed.
         self._holders: list[tuple[Any, str]] = []
         self._resolve_state()
         # Calls whose arguments are N positional leaves (tensors, numbers, None) flatten to
@@ -71,6 +68,9 @@ class Program:
         n = len(self.user_inputs)
         plain = pytree.tree_structure((tuple(range(n)), {}))
         self._plain_arity = n if self.in_spec == plain else None
+        # Buffers and tensor constants whose values the plan may rely on (a tril buffer becomes
+        # a causal flag): remember the tensor, its version and its values, so a later change
+        # is noticed.
         self.watched: list[tuple[str, torch.Tensor, int, torch.Tensor]] = []
         self.watch(
             spec.target
@@ -100,12 +100,6 @@ class Program:
         if isinstance(value, torch.Tensor):
             return value
         return self.exported.constants[target]
-
-    def mutated_inputs(self) -> list[str]:
-        return mutated_inputs(self.exported)
-
-    def random_nodes(self) -> list[str]:
-        return random_nodes(self.exported)
 
     def recheck_watched(self) -> None:
         """Compare every watched tensor by value at the next stale_buffers() (after writes the

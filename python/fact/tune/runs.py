@@ -123,7 +123,7 @@ def tune_run(
         if tuned_pattern(plan["patterns"][e["pattern_index"]], e).get("family") in TUNED_FAMILIES
     ]
     # A model's layers repeat their patterns: a kernel is tuned once per (signature, problem),
-    # and the other patterns with that problem take its registry rows below.
+    # and the other patterns with that problem take the first one's rows below.
     fresh: list[dict] = []
     seen: dict[tuple, int] = {}
     for index in sorted({e["pattern_index"] for e in pending}):
