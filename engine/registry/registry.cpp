@@ -3,10 +3,13 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <regex>
+#include <thread>
 
 #include "discover/pattern.h"
 #include "ir/error.h"
@@ -15,16 +18,28 @@ namespace fact::registry {
 
 namespace {
 
+// Another connection holds a lock this one could not wait for (SQLite returns some of these
+// without calling the busy handler: WAL recovery, a journal-mode switch in progress).
+struct Busy : UserError {
+  using UserError::UserError;
+};
+
+bool is_busy(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
+
 [[noreturn]] void fail(sqlite3* db, const std::string& path, const std::string& what) {
-  throw UserError("registry " + path + ": " + what + ": " + (db ? sqlite3_errmsg(db) : "cannot open"));
+  const std::string msg = "registry " + path + ": " + what + ": " + (db ? sqlite3_errmsg(db) : "cannot open");
+  if (db && is_busy(sqlite3_extended_errcode(db))) throw Busy(msg);
+  throw UserError(msg);
 }
 
 void exec(sqlite3* db, const std::string& path, const char* sql) {
   char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "?";
+  if (const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err); rc != SQLITE_OK) {
+    std::string msg = "registry " + path + ": " + (err ? err : "?");
     sqlite3_free(err);
-    throw UserError("registry " + path + ": " + msg);
+    sqlite3_exec(db, "ROLLBACK;", nullptr, nullptr, nullptr);  // no transaction left half open
+    if (is_busy(rc)) throw Busy(msg);
+    throw UserError(msg);
   }
 }
 
@@ -278,18 +293,27 @@ std::optional<Registry> Registry::open_readonly(const std::string& path) {
 Registry Registry::open_writable(const std::string& path) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
-    sqlite3_close(db);
-    fail(nullptr, path, "cannot open");
+  // Concurrent first writers of a new file queue: on the busy timeout where SQLite waits, and
+  // by opening again after a short random pause where it returns "locked" at once.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::minstd_rand jitter(std::random_device{}());
+  while (true) {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
+      sqlite3_close(db);
+      fail(nullptr, path, "cannot open");
+    }
+    Registry r(db, path);
+    try {
+      sqlite3_busy_timeout(db, 5000);
+      exec(db, path, "PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
+      r.check_schema(true);
+      return r;
+    } catch (const Busy&) {
+      if (std::chrono::steady_clock::now() > deadline) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 + jitter() % 90));
   }
-  Registry r(db, path);
-  // The busy timeout first: switching a new file to WAL takes a lock, and concurrent first
-  // writers must queue for it rather than fail with "database is locked".
-  sqlite3_busy_timeout(db, 5000);
-  exec(db, path, "PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;");
-  r.check_schema(true);
-  return r;
 }
 
 Registry::Registry(Registry&& o) noexcept
