@@ -22,12 +22,30 @@ namespace {
 // both contiguous with as many elements. Its last dim may differ from the GEMM's columns on the
 // way (einsum's (b, s, 1, n) -> (b, s, n, 1) -> (b, s, n)): see grow_epilogue.
 bool shape_only_view(const Graph& g, const Node& n) {
-  static const std::set<Op> flat = {Op::view,    Op::reshape,   Op::unsafe_view, Op::flatten,
-                                    Op::unflatten, Op::squeeze, Op::unsqueeze};
+  static const std::set<Op> flat = {Op::view,      Op::reshape, Op::unsafe_view, Op::view_as, Op::reshape_as,
+                                    Op::flatten,   Op::unflatten, Op::squeeze,   Op::unsqueeze};
   if (n.outputs.size() != 1 || !(flat.count(n.op) || is_view(n))) return false;
   const auto& in = g.node(first_operand(n));
   if (in.outputs.size() != 1 || !in.type().is_contiguous() || n.type().rank() == 0) return false;
   return flat.count(n.op) || (n.type().is_contiguous() && n.type().numel() == in.type().numel());
+}
+
+// What the kernel reads for operand `o` of a node with output `out`: o itself, or, where o
+// expands a dense tensor that already broadcasts against `out` (bias.expand_as(y)) and is read
+// by nothing else, that tensor, which the kernel reads as a vector instead of a stride-0 full
+// tensor. The expands on the way go to `chain` (they join the pattern).
+int dense_source(const Graph& g, int o, const TensorType& out, std::vector<int>* chain = nullptr) {
+  int src = o;
+  std::vector<int> on_the_way;
+  while (g.node(src).outputs.size() == 1 && (g.node(src).op == Op::expand || g.node(src).op == Op::expand_as) &&
+         g.node(src).users.size() == 1 && !g.is_graph_output(src)) {
+    on_the_way.push_back(src);
+    src = first_operand(g.node(src));
+  }
+  const auto& n = g.node(src);
+  if (src == o || n.outputs.size() != 1 || !n.type().is_contiguous() || broadcast_kind(n.type(), out).empty()) return o;
+  if (chain) chain->insert(chain->end(), on_the_way.begin(), on_the_way.end());
+  return src;
 }
 
 // Pass-through nodes: no Expr of their own.
@@ -371,8 +389,9 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
         why = "it reads '" + g.node(o).name + "', a view whose last dim is not the GEMM's columns";
       }
     }
-    for (int o : ops) {
-      if (!ok || in_region(o)) continue;
+    for (int read : ops) {
+      if (!ok || in_region(read)) continue;
+      const int o = n.outputs.size() == 1 ? dense_source(g, read, n.type()) : read;
       if (down[static_cast<size_t>(o)]) {
         ok = false;
         why = "it also reads '" + g.node(o).name + "', which depends on the GEMM by another path";
@@ -466,7 +485,13 @@ Epilogue grow_epilogue(const Graph& g, int gemm, ExprGraph seed, std::vector<Ope
         g, n,
         [&](int node) {
           auto it = expr_of.find(node);
-          return it != expr_of.end() ? it->second : operand_expr(node, reader);
+          if (it != expr_of.end()) return it->second;
+          std::vector<int> expands;
+          const int read = dense_source(g, node, reader.type(), &expands);
+          for (int x : expands) {
+            if (std::find(ep.nodes.begin(), ep.nodes.end(), x) == ep.nodes.end()) ep.nodes.push_back(x);
+          }
+          return operand_expr(read, reader);
         },
         ep.expr, result, why);
     FACT_CHECK(ok, "epilogue node '" + n.name + "' passed the dry run but failed: " + why);

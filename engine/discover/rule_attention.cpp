@@ -56,7 +56,7 @@ int constant_tensor(const Graph& g, int id, double& v) {
 // Whether a view swaps the last two dims (a transposed mask is no causal mask).
 bool swaps_last_two(const Node& n) {
   const int r = n.type().rank();
-  if (n.op == Op::t) return true;
+  if (n.op == Op::t || n.op == Op::mT || n.op == Op::numpy_T) return true;
   if (n.op == Op::transpose) {
     const Arg* d0 = n.arg(1, "dim0");
     const Arg* d1 = n.arg(2, "dim1");
@@ -218,7 +218,8 @@ Side trace_operand(const Graph& g, int id, bool scores_operand = false) {
       const Arg* r = n.arg(1, "repeats");
       if (!r || r->kind != Arg::Kind::integer) break;
       s.repeat *= static_cast<int>(r->i);
-    } else if (n.op == Op::expand && n.outputs.size() == 1 && g.node(src).outputs.size() == 1) {
+    } else if ((n.op == Op::expand || n.op == Op::expand_as) && n.outputs.size() == 1 &&
+               g.node(src).outputs.size() == 1) {
       // [b, h_kv, 1, s, d] -> [b, h_kv, rep, s, d]
       const auto& in = g.node(src).type().shape;
       const auto& out = n.type().shape;
@@ -236,8 +237,10 @@ Side trace_operand(const Graph& g, int id, bool scores_operand = false) {
         const int a = norm_dim(d0->i, r), b = norm_dim(d1->i, r);
         if (std::min(a, b) == r - 2 && std::max(a, b) == r - 1) s.transposed = !s.transposed;
       }
-    } else if (n.op == Op::t) {
+    } else if (n.op == Op::t || n.op == Op::mT || (n.op == Op::numpy_T && n.type().rank() == 2)) {
       s.transposed = !s.transposed;
+    } else if (n.op == Op::numpy_T) {
+      break;  // of a rank other than 2 it reverses every dim, not just the last two
     } else if (n.op == Op::permute) {
       std::vector<int64_t> perm;
       // The last two dims come out in the order opposite to the one they had: (0, 1, 3, 2),

@@ -158,6 +158,44 @@ void Graph::finalize() {
       if (users.empty() || users.back() != n.id) users.push_back(n.id);
     }
   }
+  for (auto& n : nodes) {
+    if (n.op != Op::opaque && in_place_target(n.target_op) && !write_unobserved(n)) n.op = Op::opaque;
+  }
+}
+
+// An in-place pointwise op (y.add_(1)) reads as its functional form when no one can see the
+// write: its tensor is fresh storage this graph made (not an input, parameter or buffer, not a
+// view or alias of another tensor), and nothing reads it afterwards under its old name, through an
+// alias, or as a graph output. Later readers name the in-place node itself, so they still see its
+// value. Anything else stays opaque and runs in PyTorch as written.
+bool Graph::write_unobserved(const Node& n) const {
+  if (n.args.empty() || !n.args[0].is_node()) return false;
+  const Node& base = node(n.args[0].node);
+  if (base.outputs.size() != 1) return false;
+  switch (op_class(base.op)) {
+    case OpClass::gemm:
+    case OpClass::pointwise:  // an in-place one that stayed is fresh storage by the same rule
+    case OpClass::reduction:
+    case OpClass::softmax:
+    case OpClass::norm:
+    case OpClass::attention:
+    case OpClass::creation:
+      break;
+    case OpClass::identity:
+      if (base.op != Op::clone && base.op != Op::lift_fresh_copy) return false;
+      break;
+    case OpClass::copy:
+      if (base.op != Op::cat && base.op != Op::stack) return false;  // contiguous may return self
+      break;
+    default:
+      return false;
+  }
+  if (is_graph_output(base.id)) return false;
+  for (int u : base.users) {
+    const OpClass c = op_class(node(u).op);
+    if (u > n.id || c == OpClass::view || c == OpClass::identity || c == OpClass::cast) return false;
+  }
+  return true;
 }
 
 bool Graph::is_graph_output(int id) const {

@@ -97,6 +97,9 @@ struct Graph {
   // Node ids of the tensor operands of `n` (args and kwargs, lists flattened), in order.
   std::vector<int> operands(const Node& n) const;
   bool is_graph_output(int id) const;
+
+ private:
+  bool write_unobserved(const Node& n) const;
 };
 
 }  // namespace fact::ir

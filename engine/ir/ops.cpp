@@ -75,12 +75,17 @@ const std::vector<OpInfo>& table() {
       {Op::view, "view", C::view},
       {Op::reshape, "reshape", C::view},
       {Op::unsafe_view, "_unsafe_view", C::view},
+      {Op::view_as, "view_as", C::view},
+      {Op::reshape_as, "reshape_as", C::view},
       {Op::permute, "permute", C::view},
       {Op::transpose, "transpose", C::view},
       {Op::t, "t", C::view},
+      {Op::mT, "mT", C::view},          // transpose(-2, -1)
+      {Op::numpy_T, "numpy_T", C::view},  // x.T: all dims reversed
       {Op::unsqueeze, "unsqueeze", C::view},
       {Op::squeeze, "squeeze", C::view},
       {Op::expand, "expand", C::view},
+      {Op::expand_as, "expand_as", C::view},
       {Op::slice, "slice", C::view},
       {Op::select, "select", C::view},
       {Op::split, "split", C::view},
@@ -135,7 +140,6 @@ const std::unordered_map<std::string, Op>& aliases() {
       {"slice_copy", Op::slice},    {"transpose_copy", Op::transpose},
       {"unsqueeze_copy", Op::unsqueeze}, {"alias_copy", Op::alias},
       {"_assert_scalar", Op::assert_metadata}, {"scalar_tensor", Op::full},
-      {"relu_", Op::relu},          {"silu_", Op::silu},           {"gelu_", Op::gelu},
       {"detach_", Op::detach},  // torch.tensor(c) in a forward: lift_fresh_copy, then detach_
   };
   return extra;
@@ -171,9 +175,10 @@ const char* op_class_name(OpClass c) {
   return "?";
 }
 
-Op op_from_target(const std::string& target) {
-  if (target == "placeholder") return Op::placeholder;
-  if (target == "getitem") return Op::getitem;
+namespace {
+
+// The canonical op of an ATen base name ("add", "_to_copy"); Op::opaque when unknown.
+Op op_of_base(const std::string& base) {
   static const std::unordered_map<std::string, Op> by_name = [] {
     std::unordered_map<std::string, Op> m;
     for (const auto& row : table()) m.emplace(std::string(row.name), row.op);
@@ -183,16 +188,35 @@ Op op_from_target(const std::string& target) {
     m.erase("opaque");
     return m;
   }();
-  // "aten.add.Tensor" -> "add"; "aten.relu_.default" -> "relu_"; Python callables stay opaque.
-  std::string base;
-  if (target.rfind("aten.", 0) == 0) {
-    const auto rest = target.substr(5);
-    base = rest.substr(0, rest.find('.'));
-  } else {
-    return Op::opaque;
-  }
   auto it = by_name.find(base);
   return it == by_name.end() ? Op::opaque : it->second;
 }
+
+// "aten.add.Tensor" -> "add"; "aten.relu_.default" -> "relu_"; "" for anything not ATen.
+std::string aten_base(const std::string& target) {
+  if (target.rfind("aten.", 0) != 0) return "";
+  const auto rest = target.substr(5);
+  return rest.substr(0, rest.find('.'));
+}
+
+// The pointwise op whose in-place form `base` is ("mul_" -> mul); Op::opaque otherwise.
+Op in_place_op(const std::string& base) {
+  if (base.size() < 2 || base.back() != '_' || base.front() == '_') return Op::opaque;
+  const Op op = op_of_base(base.substr(0, base.size() - 1));
+  return op_class(op) == OpClass::pointwise ? op : Op::opaque;
+}
+
+}  // namespace
+
+Op op_from_target(const std::string& target) {
+  if (target == "placeholder") return Op::placeholder;
+  if (target == "getitem") return Op::getitem;
+  const std::string base = aten_base(target);  // Python callables and other namespaces: opaque
+  if (base.empty()) return Op::opaque;
+  const Op op = op_of_base(base);
+  return op != Op::opaque ? op : in_place_op(base);
+}
+
+bool in_place_target(const std::string& target) { return in_place_op(aten_base(target)) != Op::opaque; }
 
 }  // namespace fact::ir

@@ -40,7 +40,7 @@ enum class Op {
   // cast and identity
   to_dtype, type_as, dropout, alias, detach, clone, lift_fresh_copy,
   // views and copies
-  view, reshape, unsafe_view, permute, transpose, t, unsqueeze, squeeze, expand, slice, select,
+  view, reshape, unsafe_view, view_as, reshape_as, permute, transpose, t, mT, numpy_T, unsqueeze, squeeze, expand, expand_as, slice, select,
   split, split_with_sizes, chunk, unbind, flatten, unflatten, narrow, contiguous, cat, stack,
   repeat_interleave, repeat,
   // reductions and friends
@@ -59,8 +59,12 @@ struct OpInfo {
 
 const OpInfo& op_info(Op op);
 const char* op_class_name(OpClass c);
-// "aten.add.Tensor" -> Op::add; "getitem" -> Op::getitem; unknown -> Op::opaque.
+// "aten.add.Tensor" -> Op::add; "getitem" -> Op::getitem; unknown -> Op::opaque. The in-place
+// form of a pointwise op ("aten.add_.Tensor") maps to the op itself: Graph::finalize keeps that
+// reading only where nothing can observe the write (see in_place_target).
 Op op_from_target(const std::string& target);
+// Whether `target` is the in-place form of a pointwise op ("aten.mul_.Tensor").
+bool in_place_target(const std::string& target);
 inline std::string_view op_name(Op op) { return op_info(op).name; }
 inline OpClass op_class(Op op) { return op_info(op).cls; }
 

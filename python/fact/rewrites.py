@@ -1,5 +1,6 @@
 """The rewrites an exported program gets before it is planned, for a target: fact.masks (an
-attention mask made of constants becomes is_causal or no mask), `einsums` (each
+attention mask made of constants becomes is_causal or no mask), `shape_refs` (x.view_as(y),
+reshape_as and expand_as as the view of y's static size they are), `einsums` (each
 two-operand einsum as the linear or matmul over views it is), `gate_up_splits` (a fused gate
 and up projection split in two, as a gated MLP), fact.layouts (a producer writes the layout its
 consumer's kernels read) and fact.folds (LayerNorms folded into the GEMMs after them).
@@ -39,6 +40,7 @@ def apply(
     line per rewrite ("layout: ...", "fold: ..."), and the folds' records (folds.fold_norms)
     for the check that they pay."""
     lines = [f"mask: {line}" for line in masks.rewrite(program)]
+    lines += [f"view: {line}" for line in shape_refs(program)]
     lines += [f"einsum: {line}" for line in einsums(program)]
     lines += [f"gated MLP: {line}" for line in gate_up_splits(program)]
     lines += [f"layout: {line}" for line in layouts.rewrite(program, dtype, precision, arch)]
@@ -47,6 +49,38 @@ def apply(
         records = folds.fold_norms(program, skip=fold_skip)
         lines += [f"fold: {folds.describe(r)}" for r in records]
     return lines, records
+
+
+# x.view_as(y) is x.view(y.size()): y is only a shape. Read as an operand it would keep y's
+# producer alive (a GEMM whose bias add is expand_as'ed against its own output could take no
+# epilogue), so where y's size is static the size is written in instead.
+_SIZE_OF = {
+    aten.view_as.default: aten.view.default,
+    aten.reshape_as.default: aten.reshape.default,
+    aten.expand_as.default: aten.expand.default,
+}
+
+
+def shape_refs(program: torch.export.ExportedProgram) -> list[str]:
+    """Rewrite, in place, each view_as, reshape_as and expand_as whose reference has a static
+    size as view, reshape or expand to that size. Returns a line per rewrite."""
+    gm = program.graph_module
+    done = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _SIZE_OF or len(node.args) != 2:
+            continue
+        ref = node.args[1]
+        val = ref.meta.get("val") if isinstance(ref, fx.Node) else None
+        if not isinstance(val, torch.Tensor) or not all(isinstance(d, int) for d in val.shape):
+            continue  # a symbolic size stays a reference
+        old, new = (str(t).split(".")[-2] for t in (node.target, _SIZE_OF[node.target]))
+        node.target = _SIZE_OF[node.target]
+        node.args = (node.args[0], list(val.shape))
+        done.append(f"{node.name} ({old} of {ref.name}) as {new} {list(val.shape)}")
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return done
 
 
 def einsums(program: torch.export.ExportedProgram) -> list[str]:

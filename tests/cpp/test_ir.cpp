@@ -231,6 +231,9 @@ TEST(IrOps, OpFromTargetMapping) {
   EXPECT_EQ(ir::op_from_target("aten._to_copy.default"), Op::to_dtype);
   EXPECT_EQ(ir::op_from_target("aten._softmax.default"), Op::softmax);
   EXPECT_EQ(ir::op_from_target("aten.relu_.default"), Op::relu);
+  EXPECT_EQ(ir::op_from_target("aten.numpy_T.default"), Op::numpy_T);
+  EXPECT_EQ(ir::op_from_target("aten.mT.default"), Op::mT);
+  EXPECT_EQ(ir::op_from_target("aten.expand_as.default"), Op::expand_as);
   EXPECT_EQ(ir::op_from_target("aten.scaled_dot_product_attention.default"), Op::sdpa);
   EXPECT_EQ(ir::op_from_target("aten._assert_tensor_metadata.default"), Op::assert_metadata);
   EXPECT_EQ(ir::op_from_target("placeholder"), Op::placeholder);
@@ -246,6 +249,89 @@ TEST(IrOps, OpFromTargetMapping) {
   EXPECT_EQ(ir::op_name(Op::sdpa), "scaled_dot_product_attention");
   EXPECT_EQ(ir::op_class(Op::linear), ir::OpClass::gemm);
   EXPECT_EQ(ir::op_class(Op::to_dtype), ir::OpClass::cast);
+}
+
+TEST(IrOps, InPlaceFormsOfPointwiseOps) {
+  EXPECT_EQ(ir::op_from_target("aten.add_.Tensor"), Op::add);
+  EXPECT_EQ(ir::op_from_target("aten.hardtanh_.default"), Op::hardtanh);
+  EXPECT_EQ(ir::op_from_target("aten.masked_fill_.Scalar"), Op::masked_fill);
+  EXPECT_EQ(ir::op_from_target("aten.clip_.default"), Op::clamp);  // an alias's in-place form
+  EXPECT_TRUE(ir::in_place_target("aten.mul_.Tensor"));
+  EXPECT_FALSE(ir::in_place_target("aten.mul.Tensor"));
+  EXPECT_FALSE(ir::in_place_target("aten._softmax.default"));
+  // Only pointwise ops: an in-place copy, index or view change stays opaque.
+  EXPECT_EQ(ir::op_from_target("aten.copy_.default"), Op::opaque);
+  EXPECT_EQ(ir::op_from_target("aten.index_put_.default"), Op::opaque);
+  EXPECT_EQ(ir::op_from_target("aten.unsqueeze_.default"), Op::opaque);
+  EXPECT_EQ(ir::op_from_target("aten.add__.Tensor"), Op::opaque);
+}
+
+namespace {
+// x -> linear -> y; then `write` (an in-place op on `base`) and whatever `more` adds.
+GraphBuilder linear_then(const std::function<void(GraphBuilder&)>& more) {
+  GraphBuilder b;
+  b.input("x", T("f32", {4, 8})).param("w", T("f32", {16, 8}));
+  b.call("y", "aten.linear.default", {N("x"), N("w")}, T("f32", {4, 16}));
+  more(b);
+  return b;
+}
+Op op_of(const ir::Graph& g, const std::string& name) { return g.node(id_of(g, name)).op; }
+}  // namespace
+
+TEST(IrOps, InPlaceWriteNobodySeesReadsAsTheFunctionalOp) {
+  const auto g = linear_then([](GraphBuilder& b) {
+                   b.call("y2", "aten.add_.Tensor", {N("y"), 1.0}, T("f32", {4, 16}));
+                   b.call("y3", "aten.hardtanh_.default", {N("y2"), -2.0, 2.0}, T("f32", {4, 16}));
+                   b.call("y4", "aten.mul_.Tensor", {N("y3"), 0.5}, T("f32", {4, 16}));
+                 }).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::add);
+  EXPECT_EQ(op_of(g, "y3"), Op::hardtanh);
+  EXPECT_EQ(op_of(g, "y4"), Op::mul);
+}
+
+TEST(IrOps, InPlaceWriteSomeoneCanSeeStaysOpaque) {
+  // The write lands in the caller's tensor.
+  auto g = linear_then([](GraphBuilder& b) {
+             b.call("x2", "aten.mul_.Tensor", {N("x"), 2.0}, T("f32", {4, 8}));
+           }).outputs({"y", "x2"}).load();
+  EXPECT_EQ(op_of(g, "x2"), Op::opaque);
+  // Through a view, into the base.
+  g = linear_then([](GraphBuilder& b) {
+        b.call("v", "aten.slice.Tensor", {N("y"), 1, 0, 8}, T("f32", {4, 8}, std::vector<int64_t>{16, 1}));
+        b.call("v2", "aten.mul_.Tensor", {N("v"), 2.0}, T("f32", {4, 8}, std::vector<int64_t>{16, 1}));
+      }).outputs({"y", "v2"}).load();
+  EXPECT_EQ(op_of(g, "v2"), Op::opaque);
+  // The old name is read after the write (it sees the written values).
+  g = linear_then([](GraphBuilder& b) {
+        b.call("y2", "aten.mul_.Tensor", {N("y"), 2.0}, T("f32", {4, 16}));
+        b.call("z", "aten.add.Tensor", {N("y"), N("y2")}, T("f32", {4, 16}));
+      }).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::opaque);
+  // The old name is a graph output.
+  g = linear_then([](GraphBuilder& b) {
+        b.call("y2", "aten.mul_.Tensor", {N("y"), 2.0}, T("f32", {4, 16}));
+      }).outputs({"y"}).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::opaque);
+  // An alias taken before the write and read after it.
+  g = linear_then([](GraphBuilder& b) {
+        b.call("a", "aten.view.default", {N("y"), L({64})}, T("f32", {64}));
+        b.call("y2", "aten.mul_.Tensor", {N("y"), 2.0}, T("f32", {4, 16}));
+        b.call("z", "aten.sum.default", {N("a")}, T("f32", {}));
+      }).outputs({"y2", "z"}).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::opaque);
+  // A chain breaks where one link is seen: the next link writes into an opaque op's output.
+  g = linear_then([](GraphBuilder& b) {
+        b.call("y2", "aten.mul_.Tensor", {N("y"), 2.0}, T("f32", {4, 16}));
+        b.call("y3", "aten.relu_.default", {N("y2")}, T("f32", {4, 16}));
+      }).outputs({"y", "y3"}).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::opaque);
+  EXPECT_EQ(op_of(g, "y3"), Op::opaque);
+  // A read before the write is fine.
+  g = linear_then([](GraphBuilder& b) {
+        b.call("z", "aten.mul.Tensor", {N("y"), 3.0}, T("f32", {4, 16}));
+        b.call("y2", "aten.mul_.Tensor", {N("y"), 2.0}, T("f32", {4, 16}));
+      }).outputs({"z", "y2"}).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::mul);
 }
 
 TEST(IrPrint, ListsEveryNodeOnItsOwnLine) {

@@ -739,6 +739,39 @@ def test_linear_with_pointwise_tail(engine_available, tmp_path):
     assert rel_err(opt(y), eager(model, y)) < 1e-6
 
 
+class InPlaceBiasTail(nn.Module):
+    """A hand-written tail in the in-place style: a bias expanded against the product, then
+    writes into the product's own storage."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(128, 64) / 8)
+        self.b = nn.Parameter(torch.randn(128))
+
+    def forward(self, x):
+        y = x @ self.w.T
+        y = y + self.b.expand_as(y)
+        y.add_(1.0)
+        F.hardtanh_(y, -2.0, 2.0)
+        return y.mul_(0.5)
+
+
+def test_in_place_tail_runs_in_the_epilogue(engine_available, tmp_path):
+    torch.manual_seed(3)
+    model, x = InPlaceBiasTail().eval(), torch.randn(4, 16, 64)
+    opt = fact.optimize(
+        model, [x], implementations=reference_twins, require_faster=False, run_dir=tmp_path / "r"
+    )
+    (p,) = opt.report["patterns"]
+    assert p["family"] == "gemm" and p["chosen"] == "reference:ref", p
+    assert p["signature"].startswith("gemm[bias+add+hardtanh+scale]:"), p
+    left = targets(opt.graph_module)
+    assert not left & {aten.add_.Tensor, aten.hardtanh_.default, aten.mul_.Tensor}
+    assert aten.matmul.default not in left
+    y = torch.randn_like(x)
+    assert rel_err(opt(y), eager(model, y)) < 1e-6
+
+
 def test_outer_product_operand_is_computed_in_the_epilogue(engine_available, tmp_path):
     torch.manual_seed(9)
     model = FoldedNormLinear().eval()

@@ -347,6 +347,14 @@ GEMM_TAILS = {
         ["bias", "div"],
     ),
     "residual_then_scale": (lambda m, y, x, o: (y + o) / 4.0, ["bias", "residual", "scale"]),
+    # in-place forms nobody else sees read as the functional ops
+    "in_place_chain": (
+        lambda m, y, x, o: F.hardtanh_(y.add_(1.0), -2.0, 2.0).mul_(0.5),
+        ["bias", "add", "hardtanh", "scale"],
+    ),
+    "in_place_relu_residual": (lambda m, y, x, o: y.relu_().add_(o), ["bias", "relu", "residual"]),
+    # a vector expanded against the output is read as the vector
+    "expand_as_row": (lambda m, y, x, o: y * m.vec.expand_as(y), ["bias", "mul"]),
 }
 
 
@@ -427,6 +435,22 @@ MATMULS = {
         lambda m, a, b: a @ m.w.t(),
         ((4, 8, 64), (1,)),
         (1, 32, 48, 64),
+        "row",
+        "col",
+        [],
+    ),
+    "matmul_numpy_t_weight": (
+        lambda m, a, b: a @ m.w.T,
+        ((32, 64), (1,)),
+        (1, 32, 48, 64),
+        "row",
+        "col",
+        [],
+    ),
+    "matmul_mt": (
+        lambda m, a, b: a @ b.mT,
+        ((5, 32, 64), (5, 40, 64)),
+        (5, 32, 40, 64),
         "row",
         "col",
         [],
@@ -764,3 +788,57 @@ def test_seed_registry_gives_vetted_configs(engine_available, tmp_path):
     att = next(p for p in plan["patterns"] if p["family"] == "attention")
     assert att["vetted"] and att["vetted"][0]["match"] == "exact"
     assert att["vetted"][0]["config"]["name"] == "q128kv128_pp_s5_q4_ov"
+
+
+class Writes(nn.Module):
+    """Two in-place writes: one into a tensor an earlier alias still reads (it must stay in
+    PyTorch, as written), one into a tensor read only before the write (it reads as add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 48)
+
+    def forward(self, x):
+        y = self.fc(x)
+        head = y[..., :8]  # an alias of y taken before the write
+        y.mul_(2.0)
+        z = self.fc(x)
+        w = z.sigmoid()  # read before the write
+        z.add_(1.0)
+        return head + 1, w * z
+
+
+def test_in_place_writes_someone_sees_stay_in_pytorch(engine_available, tmp_path):
+    plan, graph = plan_for(Writes(), (torch.randn(4, 16, 64),), "bf16", tmp_path)
+    kept = {n["name"] for n in plan["pytorch_nodes"]}
+    ops = {n["name"]: n.get("op", "") for n in graph["nodes"]}
+    writes = {op.split(".")[1]: name for name, op in ops.items() if op.endswith("_.Tensor")}
+    assert set(writes) == {"mul_", "add_"}, writes
+    assert writes["mul_"] in kept
+    taken = [p for p in plan["patterns"] if writes["add_"] in p["nodes"]]
+    assert len(taken) == 1 and writes["add_"] not in kept, plan["patterns"]
+    assert_nothing_dropped(plan, graph)
+
+
+def test_view_as_family_takes_the_static_size(tmp_path):
+    """x.view_as(y) and friends are views of y's size, not reads of y (fact.rewrites)."""
+    import torch.export
+
+    from fact.rewrites import shape_refs
+
+    class M(nn.Module):
+        def forward(self, a, b, c):
+            return a.view_as(b) + 1, a.reshape_as(b), c.expand_as(b)
+
+    program = torch.export.export(M(), (torch.randn(6, 4), torch.randn(3, 8), torch.randn(8)))
+    lines = shape_refs(program)
+    assert len(lines) == 3, lines
+    targets = [n.target for n in program.graph_module.graph.nodes if n.op == "call_function"]
+    aten = torch.ops.aten
+    assert aten.view.default in targets and aten.reshape.default in targets
+    assert aten.expand.default in targets
+    refs = {aten.view_as.default, aten.reshape_as.default, aten.expand_as.default}
+    assert not refs & set(targets)
+    inputs = (torch.randn(6, 4), torch.randn(3, 8), torch.randn(8))
+    for got, want in zip(program.module()(*inputs), M()(*inputs), strict=True):
+        assert torch.equal(got, want)
