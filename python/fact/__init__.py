@@ -21,9 +21,11 @@ __all__ = [
     "FactError",
     "__version__",
     "discover",
+    "load",
     "load_graph",
     "load_problem",
     "optimize",
+    "save",
     "save_graph",
     "trace",
 ]
@@ -34,10 +36,13 @@ _LAZY = {
     "load_graph": "fact.tracer",
     "load_problem": "fact.problem",
     "optimize": "fact.compose.optimize",
+    "save": "fact.compose.saved",
+    "load": "fact.compose.saved",
 }
 
 if TYPE_CHECKING:
     from fact.compose.optimize import optimize
+    from fact.compose.saved import load, save
     from fact.problem import load_problem
     from fact.tracer import load_graph, save_graph, trace
 

@@ -874,7 +874,7 @@ def test_writes_through_data_are_seen_after_refresh(engine_available, tmp_path):
         attn.bias.data.copy_(saved)
 
 
-def test_an_optimized_module_copies_but_refuses_to_be_saved(ref_opt):
+def test_an_optimized_module_copies_but_refuses_to_be_pickled(ref_opt):
     """A deep copy runs on its own copy of the model; pickling (torch.save) fails at once with
     what to do instead, not later at load time."""
     import copy as copy_mod
@@ -885,7 +885,7 @@ def test_an_optimized_module_copies_but_refuses_to_be_saved(ref_opt):
     twin = copy_mod.deepcopy(opt)
     assert twin.original is not model and rel_err(twin(x), opt(x)) == 0.0
     for save in (lambda: pickle.dumps(opt), lambda: torch.save(opt, io.BytesIO())):
-        with pytest.raises(FactError, match="cannot be saved.*Save the original model"):
+        with pytest.raises(FactError, match="cannot be pickled.*fact.save"):
             save()
 
 

@@ -198,6 +198,55 @@ def test_warm_optimize_reuses_decisions(optimized):
     assert not (run / "warm" / "manifest.json").exists()  # nothing realized, nothing compiled
 
 
+def test_saved_module_loads_in_a_new_process_without_compiling(optimized, tmp_path):
+    """fact.save, then fact.load in another process with an empty kernel cache: the chosen
+    kernels come from the folder (digests checked), nothing is planned, compiled or tuned,
+    and the first call gives the optimized module's output."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    model, x, opt, run = optimized
+    folder = fact.save(opt, tmp_path / "mlp.fact")
+    manifest = json.loads((folder / "module.json").read_text())
+    assert manifest["device"] == "cuda" and manifest["sm"] == "sm90", manifest
+    generated = [p for p in opt.report["patterns"] if p["kind"] == "generated"]
+    assert len(manifest["kernels"]) == len({p["chosen"] for p in generated})
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    y = torch.randn_like(x)
+    torch.save(y.cpu(), tmp_path / "y.pt")
+    with torch.no_grad():
+        want = opt(y)
+    script = f"""
+import sys, time, torch
+sys.path.insert(0, {str(REPO / "tests" / "python")!r})
+import fact
+from test_compose_gpu import GeluMLP
+model = GeluMLP().cuda().to(torch.bfloat16).eval()
+model.load_state_dict(torch.load({str(tmp_path / "weights.pt")!r}))
+start = time.perf_counter()
+opt = fact.load({str(folder)!r}, model, quiet=True)
+y = torch.load({str(tmp_path / "y.pt")!r}).cuda()
+with torch.no_grad():
+    out = opt(y)
+torch.cuda.synchronize()
+print(f"first call after {{time.perf_counter() - start:.2f}} s")
+torch.save(out.cpu(), {str(tmp_path / "out.pt")!r})
+print("\\n".join(opt.report["transcript"]))
+"""
+    env = dict(os.environ, FACT_CACHE_DIR=str(tmp_path / "empty-cache"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600, env=env, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "nothing to compile or tune" in done.stdout, done.stdout
+    assert not (tmp_path / "empty-cache" / "kernels").exists() or not any(
+        (tmp_path / "empty-cache" / "kernels").iterdir()
+    )
+    print(done.stdout.splitlines()[0])
+    assert rel_err(torch.load(tmp_path / "out.pt").cuda(), want) < 1e-2
+
+
 def test_fp32_highest_runs_fp32_accurate_kernels(tmp_path):
     """fp32 under "highest": the MLP's two GEMM patterns become CUTLASS's sm80 3xTF32 kernels,
     every candidate verified at the fp32-accurate bound, the report names the math, and the
@@ -227,6 +276,42 @@ def test_fp32_highest_runs_fp32_accurate_kernels(tmp_path):
         assert rel_err(ours, eager) <= 1e-5
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+class InPlaceBiasTail(nn.Module):
+    """x @ W.T plus bias.expand_as, then in-place add, hardtanh_ and mul_: one GEMM pattern."""
+
+    def __init__(self, k: int = 512, n: int = 1024):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n, k) / k**0.5)
+        self.b = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        y = x @ self.w.T
+        y = y + self.b.expand_as(y)
+        y.add_(0.25)
+        nn.functional.hardtanh_(y, -1.5, 1.5)
+        return y.mul_(0.5)
+
+
+def test_in_place_tail_runs_in_a_generated_epilogue(tmp_path):
+    """The in-place writes and the expanded bias become one GEMM kernel's epilogue, as close
+    to a float64 reference as eager is."""
+    import copy
+
+    torch.manual_seed(11)
+    model = InPlaceBiasTail().cuda().to(torch.bfloat16).eval()
+    x = torch.randn(8, 256, 512, device="cuda", dtype=torch.bfloat16)
+    opt = fact.optimize(model, [x], candidates=2, run_dir=tmp_path / "run", quiet=True,
+                        require_faster=False, use_cache=False)  # fmt: skip
+    (p,) = opt.report["patterns"]
+    assert p["signature"].startswith("gemm[bias+add+hardtanh+scale]:"), p
+    assert p["chosen"].startswith("cutlass:"), p
+    y = torch.randn_like(x)
+    reference = copy.deepcopy(model).double()(y.double())
+    with torch.no_grad():
+        ours, eager = opt(y), model(y)
+    assert rel_err(ours.double(), reference) <= 2 * rel_err(eager.double(), reference) + 1e-3
 
 
 class Projections(nn.Module):

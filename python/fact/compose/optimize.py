@@ -238,10 +238,9 @@ class OptimizedModule(nn.Module):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         raise FactError(
-            "an optimized module cannot be saved: the kernels it calls are loaded into this "
-            "process. Save the original model (its state_dict) and call fact.optimize again "
-            "after loading it; with the kernel cache and registry warm that compiles and tunes "
-            "nothing"
+            "an optimized module cannot be pickled: the kernels it calls are loaded into this "
+            "process. Use fact.save(opt, folder) and, in the other process, "
+            "fact.load(folder, model) with the original model"
         )
 
     def refresh(self) -> None:
@@ -883,6 +882,14 @@ def cache_key(
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def graph_digest(graph: Mapping[str, Any]) -> str:
+    """The traced graph's content (where it came from aside): a saved module is loaded only
+    into a model that traces to the same graph."""
+    from fact.tracer import dumps_graph
+
+    return hashlib.sha256(dumps_graph(dict(graph, source="")).encode()).hexdigest()
+
+
 @functools.cache
 def _code_digest() -> str:
     """The engine binary and the composer's sources: decisions made by other code are stale.
@@ -920,18 +927,22 @@ def _save_decisions(path: Path, plan, decisions) -> None:
     os.replace(tmp, path)  # atomic: an interrupted run never leaves half a file
 
 
-def _load_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | str:
+def _load_decisions(
+    path: Path, device: torch.device, base: Path | None = None
+) -> tuple[dict, list[dict]] | str:
     """The cached decisions, or why there are none that can be used (a line for the
-    transcript)."""
+    transcript). Relative kernel paths are taken from `base` (a saved module's folder)."""
     if not path.is_file():
         return "no decisions cached for this graph, precision, GPU and FACT build"
     try:
-        return _read_decisions(path, device)
+        return _read_decisions(path, device, base)
     except (FactError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         return f"the cached decisions in {path} cannot be read ({type(exc).__name__}: {exc})"
 
 
-def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]] | str:
+def _read_decisions(
+    path: Path, device: torch.device, base: Path | None = None
+) -> tuple[dict, list[dict]] | str:
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -944,7 +955,11 @@ def _read_decisions(path: Path, device: torch.device) -> tuple[dict, list[dict]]
             continue
         pattern = patterns[d["index"]]
         if spec["kind"] == "generated":
-            found = [p for p in (spec.get("library"), spec.get("cached_library")) if p]
+            found = [
+                str(base / p) if base is not None and not Path(p).is_absolute() else p
+                for p in (spec.get("library"), spec.get("cached_library"))
+                if p
+            ]
             library = next((p for p in found if Path(p).is_file()), None)
             if library is None:
                 return (
@@ -1071,10 +1086,13 @@ def _optimize_once(
     use_cache: bool,
     require_faster: bool,
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None,
+    saved: Mapping[str, Any] | None = None,
 ) -> tuple[OptimizedModule | None, dict[str, str]]:
     """One pass of optimize (from `started`), with LayerNorm folds (but those in `fold_skip`,
     which did not pay before) or without. Returns the module, or None and the folds it made
-    that do not pay, by norm, with why."""
+    that do not pay, by norm, with why. With `saved` (fact.compose.saved.load) the decisions,
+    the replay and the guard's choice come from a saved module whose graph this one must be:
+    nothing is compiled, tuned or timed."""
     from fact import folds, rewrites
     from fact.tracer import (
         example_list,
@@ -1136,11 +1154,22 @@ def _optimize_once(
             ) from None
         graph_path = save_graph(graph, run / "graph.json")
         decisions_path = cache_root() / "decisions" / f"{key}.json"
-        cached = (
-            _load_decisions(decisions_path, device)
-            if use_cache and implementations is None
-            else None
-        )
+        if saved is not None:
+            if graph_digest(graph) != saved["graph_sha256"]:
+                raise FactError(
+                    f"{type(model).__name__} does not trace to the graph saved in "
+                    f"{saved['folder']} (another model, other input shapes or dtypes, or another "
+                    "precision or torch version): load it into the model it was saved from, "
+                    "or optimize this one"
+                )
+            decisions_path = Path(saved["folder"]) / "decisions.json"
+            cached = _load_decisions(decisions_path, device, base=Path(saved["folder"]))
+            if isinstance(cached, str):
+                raise FactError(f"the saved module in {saved['folder']} cannot be used: {cached}")
+        elif use_cache and implementations is None:
+            cached = _load_decisions(decisions_path, device)
+        else:
+            cached = None
         if isinstance(cached, str):
             progress(f"cold: {cached} (decision key {key[:16]})")
             cached = None
@@ -1148,9 +1177,8 @@ def _optimize_once(
         tuned: dict[int, list[dict]] = {}
         if cached is not None:
             plan, decisions = cached
-            progress(
-                f"warm: reusing the decisions in {decisions_path} (nothing to compile or tune)"
-            )
+            how = "loaded" if saved is not None else "warm: reusing"
+            progress(f"{how} the decisions in {decisions_path} (nothing to compile or tune)")
         else:
             gpu = device.type == "cuda"
             plan = plan_and_realize(
@@ -1206,6 +1234,13 @@ def _optimize_once(
         torch.set_float32_matmul_precision(previous)
     if use_cache and implementations is None and cached is None:
         _save_decisions(decisions_path, plan, decisions)
+    decided = {"plan": plan, "decisions": decisions, "graph_sha256": graph_digest(graph)}
+    saved_options = {
+        "precision": precision,
+        "arch": arch,
+        "fold_norms": fold_norms,
+        "fold_skip": dict(fold_skip),
+    }
     dropped = folds.kept(fold_records, plan, decisions) if fold_records else {}
     if dropped:  # planned again without these folds (optimize); its decisions stay cached
         (run / "folds-dropped.json").write_text(json.dumps(dropped, indent=1) + "\n")
@@ -1231,14 +1266,23 @@ def _optimize_once(
         "transcript": progress.lines,
     }
     opt = OptimizedModule(model, program, gm, report, False, example)
-    if cuda_graphs and device.type == "cuda":
+    object.__setattr__(opt, "_decided", dict(decided, example=example, options=saved_options))
+    if saved is not None:  # as chosen when it was saved: nothing is timed again
+        for step in ("replay", "guard"):
+            if saved["report"].get(step):
+                report[step] = dict(saved["report"][step], as_saved=True)
+        opt.cuda_graphs = report["cuda_graphs"] = bool(
+            device.type == "cuda" and saved["report"].get("cuda_graphs")
+        )
+        opt.use_original = bool(saved["report"].get("guard", {}).get("chosen") == "original")
+    elif cuda_graphs and device.type == "cuda":
         report["replay"] = choose_replay(opt, example)
         opt.cuda_graphs = report["cuda_graphs"] = report["replay"]["chosen"] == "cuda_graph"
         progress(
             f"CUDA graph replay {report['replay']['graph_us']:.0f} us, plain launches "
             f"{report['replay']['launch_us']:.0f} us: {report['replay']['chosen']}"
         )
-    if device.type == "cuda" and require_faster:
+    if device.type == "cuda" and require_faster and saved is None:
         report["guard"] = guard(opt, example)
         opt.use_original = report["guard"]["chosen"] == "original"
         if opt.use_original:
