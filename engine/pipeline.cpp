@@ -6,6 +6,7 @@
 #include <set>
 
 #include "discover/catalog.h"
+#include "discover/lowering.h"
 #include "ir/error.h"
 #include "realize/attention.h"
 #include "realize/candidates.h"
@@ -108,6 +109,37 @@ json pattern_json(const ir::Graph& g, const discover::Candidate& c, const std::s
   return p;
 }
 
+
+// Accepted lowerings from the registry, then those of `file` (a list; an unreadable or invalid
+// one is the user's error, named). A registry lowering that no longer passes the checks is
+// skipped with a warning: the registry is a hint.
+std::vector<json> lowerings(const std::optional<registry::Registry>& reg, const std::string& file) {
+  std::vector<json> out;
+  if (reg) {
+    try {
+      for (const auto& p : reg->proposals("lowering", "accepted")) {
+        try {
+          out.push_back(discover::check_lowering(p.payload, "registry proposal " + std::to_string(p.id)));
+        } catch (const UserError& e) {
+          std::cerr << "warning: " << e.what() << "; not used\n";
+        }
+      }
+    } catch (const std::exception& e) {
+      warn_registry(reg->path(), e.what());
+    }
+  }
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) throw UserError("lowerings file " + file + " cannot be read");
+    const json doc = json::parse(in, nullptr, false);
+    if (doc.is_discarded() || !doc.is_array()) throw UserError("lowerings file " + file + ": not a JSON list");
+    for (size_t i = 0; i < doc.size(); ++i) {
+      out.push_back(discover::check_lowering(doc[i], file + ": lowering " + std::to_string(i)));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 DiscoverResult run_discover(const DiscoverOptions& opt) {
@@ -115,12 +147,14 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
   // 1. The traced graph, validated (errors name the node).
   r.graph = ir::load_graph_file(opt.graph_path);
   const auto& hw = discover::hardware(opt.arch, opt.gpu);
-  // 2. Every rule at every root, costed, then the best non-overlapping set.
-  const discover::CostModel cost(hw, r.graph.precision);
-  r.discovery = discover::discover(r.graph, cost);
-  // 3. What the registry has vetted for similar work (may be empty on a cold machine).
+  // 2. The registry: vetted configs for similar work (may be empty on a cold machine), and the
+  //    lowerings of ops the catalog lacks that the agent proposed and FACT's checks accepted.
   const std::string reg_path = opt.registry_path.empty() ? registry::Registry::default_path() : opt.registry_path;
   const auto reg = open_hint(reg_path);
+  const auto lowered = discover::apply_lowerings(r.graph, lowerings(reg, opt.lowerings_path));
+  // 3. Every rule at every root, costed, then the best non-overlapping set.
+  const discover::CostModel cost(hw, r.graph.precision);
+  r.discovery = discover::discover(r.graph, cost);
   // 4. The plan.
   const auto& g = r.graph;
   const auto& d = r.discovery;
@@ -180,6 +214,7 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
             {"arch", hw.arch},
             {"gpu", hw.gpu},
             {"registry", {{"path", reg_path}, {"rows", rows_of(reg)}}},
+            {"lowerings", lowered},
             {"patterns", patterns},
             {"pytorch_nodes", pytorch},
             {"free_nodes", free},

@@ -19,6 +19,7 @@ struct DiscoverOptions {
   std::string arch = "sm90";
   std::string gpu;            // empty: the arch's default GPU
   std::string registry_path;  // empty: Registry::default_path()
+  std::string lowerings_path;  // a JSON list of lowerings to use besides the registry's accepted ones
 };
 
 struct DiscoverResult {

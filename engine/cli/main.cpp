@@ -28,6 +28,7 @@ int run(int argc, char** argv) {
     cmd->add_option("--arch", opt.arch, "cost-model target")->check(CLI::IsMember({"sm90", "sm80"}));
     cmd->add_option("--gpu", opt.gpu, "GPU within the arch (h200, h100, a100)");
     cmd->add_option("--registry", opt.registry_path, "pattern registry (SQLite)");
+    cmd->add_option("--lowerings", opt.lowerings_path, "JSON list of lowerings to use besides the registry's accepted ones");
     cmd->add_flag("--json", json_out, "machine-readable output");
   };
   auto* discover = app.add_subcommand("discover", "rank the fusion patterns of a graph");
@@ -41,6 +42,7 @@ int run(int argc, char** argv) {
   realize->add_option("--out", ropt.run_dir, "run directory (sources, logs, manifest)")->required();
   realize->add_option("--arch", ropt.discover.arch, "target")->check(CLI::IsMember({"sm90"}));
   realize->add_option("--registry", ropt.discover.registry_path, "pattern registry (SQLite)");
+  realize->add_option("--lowerings", ropt.discover.lowerings_path, "JSON list of lowerings besides the registry's accepted ones");
   realize->add_option("--candidates", ropt.candidates, "configs compiled per pattern")->check(CLI::Range(1, 1 << 20).description("at least 1"));
   realize->add_option("--configs", ropt.configs,
                       "compile exactly these configs (names as in candidates/pattern-N.json) for every GEMM or "

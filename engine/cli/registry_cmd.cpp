@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <ostream>
 #include <sstream>
 
@@ -220,6 +221,37 @@ int run_registry_command(const RegistryCommand& cmd, std::ostream& out) {
                       " (see `fact-engine registry list`)");
     }
     out << "registry " << path << ": row " << cmd.id << " deleted (" << reg.count() << " rows left)\n";
+    return 0;
+  }
+  if (cmd.action == "proposals") {
+    const auto reg = registry::Registry::open_readonly(path);
+    json list = json::array();
+    if (reg) {
+      for (const auto& p : reg->proposals(cmd.kind, cmd.status)) list.push_back(p.to_json());
+    }
+    out << list.dump(1) << "\n";
+    return 0;
+  }
+  if (cmd.action == "propose") {
+    json doc;
+    if (cmd.file == "-") {
+      doc = json::parse(std::cin, nullptr, false);
+      if (doc.is_discarded()) throw UserError("stdin: not JSON");
+    } else {
+      doc = read_json_file(cmd.file);
+    }
+    const auto p = registry::proposal_from_json(doc, cmd.file == "-" ? "stdin" : cmd.file);
+    auto reg = registry::Registry::open_writable(path);
+    out << json{{"id", reg.put_proposal(p)}, {"status", p.status}}.dump() << "\n";
+    return 0;
+  }
+  if (cmd.action == "proposal-status") {
+    auto reg = registry::Registry::open_writable(path);
+    if (!reg.set_proposal_status(cmd.id, cmd.status)) {
+      throw UserError("registry " + path + ": no proposal with id " + std::to_string(cmd.id) +
+                      " (see `fact agent list`)");
+    }
+    out << "registry " << path << ": proposal " << cmd.id << " " << cmd.status << "\n";
     return 0;
   }
   throw InternalError("registry command: unknown action '" + cmd.action + "'");

@@ -20,6 +20,7 @@ struct RegistryCommand {
   std::string file;             // import FILE
   std::string output;           // export -o FILE; empty: stdout
   registry::ListFilter filter;  // list --signature --arch --disposition --provenance --limit
+  std::string kind, status;     // proposals --kind --status; proposal-status ID STATUS
 };
 
 // Runs one action, printing to `out`; returns the exit status (0). UserError for a registry file
@@ -66,6 +67,14 @@ App* add_registry_command(App& app, RegistryCommand& cmd) {
   App* imp = action(reg->add_subcommand("import", "add an export document's rows (all or nothing; duplicates skipped)"),
                     "import");
   imp->add_option("file", cmd.file, "export document (JSON)")->required();
+  App* props = action(reg->add_subcommand("proposals", "the agent's proposals as JSON (fact agent list)"), "proposals");
+  props->add_option("--kind", cmd.kind, "lowering");
+  props->add_option("--status", cmd.status, "accepted, rejected or proposed");
+  App* propose = action(reg->add_subcommand("propose", "store a proposal document (JSON), checked"), "propose");
+  propose->add_option("file", cmd.file, "proposal document (JSON; - for stdin)")->required();
+  App* pstatus = action(reg->add_subcommand("proposal-status", "set a proposal's status"), "proposal-status");
+  pstatus->add_option("id", cmd.id, "proposal id, as `registry proposals` prints it")->required();
+  pstatus->add_option("status", cmd.status, "accepted, rejected or proposed")->required();
   return reg;
 }
 

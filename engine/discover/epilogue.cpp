@@ -315,8 +315,16 @@ std::vector<std::string> name_steps(const Graph& g, const ExprGraph& e,
     }
   }
   auto operand_bcast = [&](int arg) { return kind[static_cast<size_t>(arg)]; };
+  std::set<int> lowered;  // a lowered op is one step, named by its ATen op, however many functions
   for (const auto& x : e.exprs) {
     if (x.kind != Expr::Kind::fn || x.fn == "cast") continue;
+    if (!x.folded && x.nodes.size() == 1 && g.node(x.nodes[0]).op == ir::Op::lowered) {
+      if (lowered.insert(x.nodes[0]).second) {
+        const auto& target = g.node(x.nodes[0]).target_op;  // aten.<op>.<overload>
+        steps.push_back(target.substr(5, target.find('.', 5) - 5));
+      }
+      continue;
+    }
     std::set<std::string> kinds;
     for (int a : x.args) kinds.insert(operand_bcast(a));
     std::string name;

@@ -137,6 +137,11 @@ void ExprGraph::compact() {
 
 bool known_function(const std::string& fn) { return functions().count(fn) != 0; }
 
+int function_arity(const std::string& fn) {
+  const auto it = functions().find(fn);
+  return it == functions().end() ? -1 : it->second.arity;
+}
+
 double eval_function(const std::string& fn, const std::vector<double>& args, const Params& params) {
   const auto& table = functions();
   auto it = table.find(fn);
@@ -447,6 +452,38 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
       result = fn("elu", {value(0, "self", 0, ok)},
                   {param(1, "alpha", 1.0), param(2, "scale", 1.0), param(3, "input_scale", 1.0)});
       return ok;
+    case Op::lowered: {
+      const auto rest = n.target_op.substr(5);
+      const auto& l = g.lowerings.at(rest.substr(0, rest.find('.')));
+      const size_t k = l["inputs"].size();
+      std::vector<int> ids;
+      for (const auto& e : l["ssa"]) {
+        const std::string op = e["op"];
+        if (op == "input") {
+          const size_t i = e["index"];
+          ids.push_back(value(static_cast<int>(i), l["inputs"][i], 0, ok));
+        } else if (op == "param") {
+          const auto& p = l["params"][e["index"].get<size_t>()];
+          Expr c;
+          c.kind = Expr::Kind::constant;
+          c.value = param(static_cast<int>(k + e["index"].get<size_t>()), p["name"], p["default"]);
+          ids.push_back(out.add(c));
+        } else if (op == "constant") {
+          Expr c;
+          c.kind = Expr::Kind::constant;
+          c.value = e["value"];
+          ids.push_back(out.add(c));
+        } else {
+          std::vector<int> args;
+          for (const auto& a : e["args"]) args.push_back(ids.at(a.get<size_t>()));
+          ids.push_back(fn(op, args, e.value("params", Params{})));
+        }
+        if (!ok) break;
+      }
+      if (!ok) break;
+      result = ids.back();
+      return true;
+    }
     case Op::to_dtype:
     case Op::type_as: {
       result = fn("cast", {value(0, "self", 0, ok)});

@@ -44,6 +44,8 @@ struct ExprGraph {
 
 // Is `fn` a function the evaluator and stage 2 know?
 bool known_function(const std::string& fn);
+// Its number of arguments; -1 for a name outside the vocabulary.
+int function_arity(const std::string& fn);
 // Evaluate one function on scalar arguments.
 double eval_function(const std::string& fn, const std::vector<double>& args,
                      const std::vector<double>& params);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -88,6 +89,8 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<Arg> outputs;
   std::map<std::string, int> by_name;
+  // Op::lowered nodes' expressions, by ATen base name (discover/lowering.h): checked data.
+  std::map<std::string, nlohmann::json> lowerings;
 
   const Node& node(int id) const { return nodes.at(static_cast<size_t>(id)); }
   std::optional<int> find(const std::string& name) const;

@@ -49,6 +49,7 @@ const std::vector<OpInfo>& table() {
       {Op::cos, "cos", C::pointwise},
       {Op::square, "square", C::pointwise},
       {Op::pow, "pow", C::pointwise},
+      {Op::lowered, "lowered", C::pointwise},
       {Op::add, "add", C::pointwise},
       {Op::sub, "sub", C::pointwise},
       {Op::rsub, "rsub", C::pointwise},

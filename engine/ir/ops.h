@@ -34,6 +34,7 @@ enum class Op {
   relu, leaky_relu, sigmoid, tanh, gelu, silu, mish, hardtanh, clamp, clamp_min, clamp_max,
   neg, exp, log, sqrt, rsqrt, reciprocal, abs, erf, softplus, elu, hardswish, hardsigmoid,
   sin, cos, square, pow,
+  lowered,  // an op the catalog lacks, given an expression as data (discover/lowering.h)
   // pointwise binary / ternary
   add, sub, rsub, mul, div, minimum, maximum, where, masked_fill,
   eq, ne, lt, le, gt, ge, logical_not,

@@ -11,6 +11,7 @@
 #include <regex>
 #include <thread>
 
+#include "discover/lowering.h"
 #include "discover/pattern.h"
 #include "ir/error.h"
 
@@ -344,6 +345,11 @@ void Registry::check_schema(bool create) {
          "  created TEXT NOT NULL DEFAULT (datetime('now')),"
          "  knobs TEXT NOT NULL DEFAULT '{}');"
          "CREATE INDEX IF NOT EXISTS results_by_signature ON results(signature, arch);"
+         "CREATE TABLE IF NOT EXISTS proposals("
+         "  id INTEGER PRIMARY KEY, kind TEXT NOT NULL, key TEXT NOT NULL, payload TEXT NOT NULL,"
+         "  status TEXT NOT NULL, gates TEXT NOT NULL DEFAULT '[]',"
+         "  provenance TEXT NOT NULL DEFAULT '{}',"
+         "  created TEXT NOT NULL DEFAULT (datetime('now')), UNIQUE(kind, key, payload));"
          "COMMIT;");
     // An import's duplicate check looks rows up by their whole key: without this index it
     // scanned every row of the signature, quadratic in a team registry's size.
@@ -601,6 +607,104 @@ ImportStats Registry::import_json(const nlohmann::json& doc, const std::string& 
     throw;
   }
   return stats;
+}
+
+nlohmann::json Proposal::to_json() const {
+  return {{"id", id},         {"kind", kind},   {"key", key},         {"payload", payload},
+          {"status", status}, {"gates", gates}, {"provenance", provenance}, {"created", created}};
+}
+
+Proposal proposal_from_json(const nlohmann::json& j, const std::string& where) {
+  auto bad = [&](const std::string& what) { throw UserError(where + ": " + what); };
+  if (!j.is_object()) bad("a proposal is a JSON object");
+  Proposal p;
+  p.kind = j.value("kind", std::string());
+  if (p.kind != "lowering") bad("\"kind\" must be \"lowering\"");
+  p.status = j.value("status", std::string("proposed"));
+  if (p.status != "accepted" && p.status != "rejected" && p.status != "proposed") {
+    bad("\"status\" must be accepted, rejected or proposed");
+  }
+  if (!j.contains("payload")) bad("no \"payload\"");
+  // A rejected lowering is kept as it came (it may be what failed the checks); any other is
+  // stored as discover will read it.
+  if (p.status == "rejected") {
+    p.payload = j["payload"];
+  } else {
+    p.payload = discover::check_lowering(j["payload"], where + ": payload");
+  }
+  p.key = j.value("key", p.payload.is_object() ? p.payload.value("op", std::string()) : std::string());
+  if (p.key.empty() || p.key.size() > 64) bad("\"key\" must name the op");
+  if (p.status != "rejected" && p.key != p.payload["op"].get<std::string>()) bad("\"key\" is not the payload's op");
+  p.gates = j.value("gates", nlohmann::json::array());
+  p.provenance = j.value("provenance", nlohmann::json::object());
+  if (!p.gates.is_array() || !p.provenance.is_object()) bad("\"gates\" is a list and \"provenance\" an object");
+  return p;
+}
+
+int64_t Registry::put_proposal(const Proposal& p) {
+  exec(db_, path_, "BEGIN IMMEDIATE;");
+  int64_t id = 0;
+  try {
+    Stmt q(db_, path_,
+           "INSERT INTO proposals(kind, key, payload, status, gates, provenance) VALUES(?, ?, ?, ?, ?, ?) "
+           "ON CONFLICT(kind, key, payload) DO UPDATE SET status = excluded.status, gates = excluded.gates, "
+           "provenance = excluded.provenance");
+    q.bind(1, p.kind);
+    q.bind(2, p.key);
+    q.bind(3, p.payload.dump());
+    q.bind(4, p.status);
+    q.bind(5, p.gates.dump());
+    q.bind(6, p.provenance.dump());
+    if (sqlite3_step(q.s) != SQLITE_DONE) fail(db_, path_, "cannot store the proposal");
+    Stmt again(db_, path_, "SELECT id FROM proposals WHERE kind = ? AND key = ? AND payload = ?");
+    again.bind(1, p.kind);
+    again.bind(2, p.key);
+    again.bind(3, p.payload.dump());
+    if (sqlite3_step(again.s) != SQLITE_ROW) fail(db_, path_, "the stored proposal is gone");
+    id = sqlite3_column_int64(again.s, 0);
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK;", nullptr, nullptr, nullptr);
+    throw;
+  }
+  exec(db_, path_, "COMMIT;");
+  return id;
+}
+
+std::vector<Proposal> Registry::proposals(const std::string& kind, const std::string& status) const {
+  {
+    Stmt t(db_, path_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'proposals'");
+    if (sqlite3_step(t.s) != SQLITE_ROW) return {};
+  }
+  Stmt q(db_, path_,
+         "SELECT id, kind, key, payload, status, gates, provenance, created FROM proposals "
+         "WHERE (?1 = '' OR kind = ?1) AND (?2 = '' OR status = ?2) ORDER BY id");
+  q.bind(1, kind);
+  q.bind(2, status);
+  std::vector<Proposal> out;
+  while (sqlite3_step(q.s) == SQLITE_ROW) {
+    Proposal p;
+    p.id = sqlite3_column_int64(q.s, 0);
+    p.kind = q.text(1);
+    p.key = q.text(2);
+    p.payload = nlohmann::json::parse(q.text(3), nullptr, false);
+    p.status = q.text(4);
+    p.gates = nlohmann::json::parse(q.text(5), nullptr, false);
+    p.provenance = nlohmann::json::parse(q.text(6), nullptr, false);
+    p.created = q.text(7);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+bool Registry::set_proposal_status(int64_t id, const std::string& status) {
+  if (status != "accepted" && status != "rejected" && status != "proposed") {
+    throw UserError("a proposal's status is accepted, rejected or proposed, not '" + status + "'");
+  }
+  Stmt q(db_, path_, "UPDATE proposals SET status = ? WHERE id = ?");
+  q.bind(1, status);
+  sqlite3_bind_int64(q.s, 2, id);
+  if (sqlite3_step(q.s) != SQLITE_DONE) fail(db_, path_, "cannot update the proposal");
+  return sqlite3_changes(db_) > 0;
 }
 
 }  // namespace fact::registry

@@ -81,6 +81,25 @@ Row row_from_json(const nlohmann::json& j, const std::string& where);
 // UserError naming `source` otherwise. import_json does the same before it writes.
 void check_export(const nlohmann::json& doc, const std::string& source);
 
+// What the agent proposed (fact.agent), with what FACT's gates made of it. Kind "lowering":
+// key is the ATen op, payload a lowering (discover/lowering.h). Status: accepted (passed the
+// gates; discover uses it), rejected (failed one, or vetoed by a person), proposed.
+struct Proposal {
+  int64_t id = 0;
+  std::string kind;
+  std::string key;
+  nlohmann::json payload;
+  std::string status;
+  nlohmann::json gates = nlohmann::json::array();       // [{"gate", "passed", "why"}, ...]
+  nlohmann::json provenance = nlohmann::json::object();  // model, endpoint host, prompt digest, ...
+  std::string created;
+  nlohmann::json to_json() const;
+};
+
+// A proposal document (`fact-engine registry propose FILE`), checked: UserError naming
+// `where` otherwise. A lowering's payload is checked as discover will read it.
+Proposal proposal_from_json(const nlohmann::json& j, const std::string& where);
+
 struct Hit {
   Row row;
   std::string match;  // exact | nearest
@@ -120,6 +139,15 @@ class Registry {
   // Import an export document in one transaction: every row is validated before any is written,
   // and any failure leaves the registry as it was. `source` names the document in errors.
   ImportStats import_json(const nlohmann::json& doc, const std::string& source = "import");
+
+  // Store a proposal; the same (kind, key, payload) again updates its status, gates and
+  // provenance. Returns its id.
+  int64_t put_proposal(const Proposal& p);
+  // Proposals of a kind and status ("" matches all), in id order; none in a registry made
+  // before proposals existed.
+  std::vector<Proposal> proposals(const std::string& kind = "", const std::string& status = "") const;
+  // False when there is no proposal with that id.
+  bool set_proposal_status(int64_t id, const std::string& status);
 
  private:
   Registry(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

@@ -220,6 +220,10 @@ def _parser() -> argparse.ArgumentParser:
         "-o", "--output", required=True, type=Path, metavar="GRAPH.json", help="graph file to write"
     )
     trace.set_defaults(run=_trace)
+
+    from fact.agent.cli import add_command as add_agent
+
+    add_agent(commands)
     return parser
 
 

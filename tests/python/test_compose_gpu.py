@@ -247,6 +247,65 @@ print("\\n".join(opt.report["transcript"]))
     assert rel_err(torch.load(tmp_path / "out.pt").cuda(), want) < 1e-2
 
 
+class ShrinkTail(nn.Module):
+    """Linear then softshrink and hardshrink: ops the catalog lacks, given lowerings below."""
+
+    def __init__(self, d: int = 1024):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return nn.functional.hardshrink(nn.functional.softshrink(self.fc(x), 0.1), 0.2)
+
+
+def test_agent_lowerings_become_a_generated_epilogue(tmp_path, monkeypatch):
+    """Lowerings accepted through fact.agent's gates (answers pasted in a file, no endpoint)
+    put softshrink and hardshrink into the GEMM's generated epilogue, verified against eager."""
+    from fact.agent.client import Answers
+    from fact.agent.propose import propose
+
+    monkeypatch.setenv("FACT_REGISTRY", str(tmp_path / "registry.db"))
+    shrink = {"op": "OP", "inputs": ["self"], "params": [{"name": "lambd", "default": 0.5}]}
+
+    def ssa(*steps):  # ("op", args or value): entries 0 and 1 are the input and lambd
+        head = [{"id": 0, "op": "input", "index": 0}, {"id": 1, "op": "param", "index": 0}]
+        body = [
+            {"id": i, "op": op, **({"value": a} if op == "constant" else {"args": a})}
+            for i, (op, a) in enumerate(steps, start=2)
+        ]
+        return head + body
+
+    hard = ssa(("constant", 0.0), ("abs", [0]), ("le", [3, 1]), ("where", [4, 2, 0]))
+    soft = ssa(("constant", 0.0), ("sub", [0, 1]), ("add", [0, 1]), ("gt", [0, 1]),
+               ("neg", [1]), ("lt", [0, 6]), ("where", [7, 4, 0]), ("where", [5, 3, 8]),
+               ("abs", [0]), ("le", [10, 1]), ("where", [11, 2, 9]))  # fmt: skip
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({
+        "hardshrink": json.dumps(dict(shrink, op="hardshrink", ssa=hard)),
+        "softshrink": json.dumps(dict(shrink, op="softshrink", ssa=soft)),
+    }))  # fmt: skip
+    problem = tmp_path / "shrink.py"
+    problem.write_text(
+        "import torch\nfrom test_compose_gpu import ShrinkTail as Model\n"
+        "def get_inputs():\n    return [torch.randn(4096, 1024)]\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    summary = propose(str(problem), tmp_path / "agent", None, Answers(answers), log=print)
+    assert set(summary["ops"].values()) == {"accepted"}, summary
+    torch.manual_seed(5)
+    model = ShrinkTail().cuda().to(torch.bfloat16).eval()
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)
+    opt = fact.optimize(model, [x], candidates=2, run_dir=tmp_path / "run", quiet=True,
+                        require_faster=False, use_cache=False)  # fmt: skip
+    (p,) = opt.report["patterns"]
+    assert p["signature"].startswith("gemm[bias+softshrink+hardshrink]"), p
+    assert p["chosen"] != "pytorch", p
+    y = torch.randn_like(x)
+    with torch.no_grad():
+        assert rel_err(opt(y), model(y)) < 2e-2
+    print({k: p.get(k) for k in ("chosen", "time_us", "eager_us")})
+
+
 def test_fp32_highest_runs_fp32_accurate_kernels(tmp_path):
     """fp32 under "highest": the MLP's two GEMM patterns become CUTLASS's sm80 3xTF32 kernels,
     every candidate verified at the fp32-accurate bound, the report names the math, and the

@@ -882,6 +882,15 @@ def cache_key(
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _lowerings_digest() -> str:
+    from fact.agent.propose import accepted_digest
+
+    try:
+        return accepted_digest()
+    except FactError as exc:  # an unreadable registry: planned without its lowerings
+        return f"unreadable: {exc}"
+
+
 def graph_digest(graph: Mapping[str, Any]) -> str:
     """The traced graph's content (where it came from aside): a saved module is loaded only
     into a model that traces to the same graph."""
@@ -1135,6 +1144,8 @@ def _optimize_once(
                 "require_faster": require_faster,
                 # decided with atomic stream-K reductions allowed or not (ops.launch_knobs)
                 "deterministic": torch.are_deterministic_algorithms_enabled(),
+                # the registry's accepted lowerings change what the planner does (fact.agent)
+                "lowerings": _lowerings_digest(),
             },
         )
         program.watch(
