@@ -13,6 +13,13 @@ using nlohmann::json;
 
 namespace {
 
+// A name from a proposal, fit to quote in a message: at most 40 printable characters.
+std::string quoted(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 40)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return "'" + out + "'";
+}
+
 bool plain_name(const std::string& s) {
   static const std::regex name("[A-Za-z][A-Za-z0-9_]{0,63}");
   return std::regex_match(s, name);
@@ -38,10 +45,14 @@ json check_lowering(const json& doc, const std::string& where) {
   if (!doc.is_object()) bad("a lowering is a JSON object");
   for (const auto& [k, v] : doc.items()) {
     static const std::set<std::string> keys = {"op", "inputs", "params", "ssa"};
-    if (!keys.count(k)) bad("unknown key '" + k.substr(0, 40) + "' (expected op, inputs, params, ssa)");
+    if (!keys.count(k)) bad("unknown key " + quoted(k) + " (expected op, inputs, params, ssa)");
   }
   if (!doc.contains("op") || !doc["op"].is_string() || !plain_name(doc["op"])) {
     bad("\"op\" must be an ATen op's base name (letters, digits, _)");
+  }
+  if (doc["op"].get<std::string>().back() == '_') {
+    bad("\"op\" names an in-place op: its write is not an expression (in-place forms of known ops are read "
+        "as the op where nothing sees the write)");
   }
   json out = {{"op", doc["op"]}, {"inputs", json::array()}, {"params", json::array()}, {"ssa", json::array()}};
   const json inputs = doc.value("inputs", json::array());
@@ -85,7 +96,7 @@ json check_lowering(const json& doc, const std::string& where) {
       n["value"] = number(e["value"], where + ": " + at + " value");
     } else {
       const int arity = function_arity(op);
-      if (arity < 0) bad(at + ": '" + op.substr(0, 40) + "' is not a function of the vocabulary");
+      if (arity < 0) bad(at + ": " + quoted(op) + " is not a function of the vocabulary");
       const json args = e.value("args", json::array());
       if (!args.is_array() || static_cast<int>(args.size()) != arity) {
         bad(at + ": '" + op + "' takes " + std::to_string(arity) + " argument(s)");
@@ -110,12 +121,13 @@ json check_lowering(const json& doc, const std::string& where) {
 
 std::vector<std::string> apply_lowerings(ir::Graph& g, const std::vector<json>& lowerings) {
   std::map<std::string, json> by_op;
-  for (const auto& l : lowerings) by_op.emplace(l.at("op").get<std::string>(), l);
+  for (const auto& l : lowerings) by_op[l.at("op").get<std::string>()] = l;  // the last given wins
   std::set<std::string> applied;
   for (auto& n : g.nodes) {
     if (n.op != ir::Op::opaque) continue;
     const auto it = by_op.find(aten_base(n.target_op));
-    if (it == by_op.end()) continue;
+    // Checked against the op's default overload only: another overload may mean another thing.
+    if (it == by_op.end() || n.target_op != "aten." + it->first + ".default") continue;
     const json& l = it->second;
     if (n.outputs.size() != 1 || !ir::is_floating(n.type().dtype)) continue;
     const size_t k = l["inputs"].size();

@@ -192,8 +192,26 @@ bool Graph::write_unobserved(const Node& n) const {
   }
   if (is_graph_output(base.id)) return false;
   for (int u : base.users) {
-    const OpClass c = op_class(node(u).op);
-    if (u > n.id || c == OpClass::view || c == OpClass::identity || c == OpClass::cast) return false;
+    if (u == n.id) continue;
+    if (u > n.id) return false;
+    // An earlier reader must be one known to make new storage: an alias it returned (a view, an
+    // identity, a same-dtype cast, an op the catalog does not know, such as diagonal or unfold)
+    // would see the write later.
+    const Op op = node(u).op;
+    switch (op_class(op)) {
+      case OpClass::gemm:
+      case OpClass::pointwise:
+      case OpClass::reduction:
+      case OpClass::softmax:
+      case OpClass::norm:
+      case OpClass::attention:
+        break;
+      case OpClass::copy:
+        if (op != Op::cat && op != Op::stack && op != Op::repeat && op != Op::repeat_interleave) return false;
+        break;
+      default:
+        return false;
+    }
   }
   return true;
 }

@@ -326,6 +326,12 @@ TEST(IrOps, InPlaceWriteSomeoneCanSeeStaysOpaque) {
       }).outputs({"y", "y3"}).load();
   EXPECT_EQ(op_of(g, "y2"), Op::opaque);
   EXPECT_EQ(op_of(g, "y3"), Op::opaque);
+  // An op the catalog does not know may return an alias (diagonal, unfold, as_strided).
+  g = linear_then([](GraphBuilder& b) {
+        b.call("d", "aten.diagonal.default", {N("y")}, T("f32", {4}, std::vector<int64_t>{17}));
+        b.call("y2", "aten.mul_.Tensor", {N("y"), 2.0}, T("f32", {4, 16}));
+      }).outputs({"d", "y2"}).load();
+  EXPECT_EQ(op_of(g, "y2"), Op::opaque);
   // A read before the write is fine.
   g = linear_then([](GraphBuilder& b) {
         b.call("z", "aten.mul.Tensor", {N("y"), 3.0}, T("f32", {4, 16}));

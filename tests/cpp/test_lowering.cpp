@@ -62,6 +62,9 @@ TEST(Lowering, EveryMalformedPartIsRefusedByName) {
   EXPECT_NE(with([](json& d) { d["ssa"][1]["id"] = 7; }).find("ids count"), std::string::npos);
   EXPECT_NE(with([](json& d) { d["params"][0].erase("default"); }).find("no default"), std::string::npos);
   EXPECT_NE(with([](json& d) { d["code"] = "__global__"; }).find("unknown key"), std::string::npos);
+  EXPECT_NE(with([](json& d) { d["op"] = "hardshrink_"; }).find("in-place"), std::string::npos);
+  EXPECT_NE(with([](json& d) { d["ssa"][3]["op"] = std::string("ab\x1b[2Js"); }).find("'ab?[2Js'"),
+            std::string::npos);  // control characters never reach a terminal
   json huge = hardshrink();
   for (int i = 0; i < 10000; ++i) huge["ssa"].push_back({{"op", "neg"}, {"args", json::array({5})}});
   EXPECT_NE(refusal(huge).find("at most 256"), std::string::npos);
@@ -94,10 +97,20 @@ TEST(Lowering, AnOpWithALoweringJoinsTheGemmEpilogue) {
 TEST(Lowering, ANodeWhoseArgumentsDoNotFitStaysOpaque) {
   auto b = shrink_graph();
   b.call("t", "aten.hardshrink.default", {N("s"), N("y")}, T("bf16", {64, 256}));  // a tensor lambd
+  b.call("u", "aten.hardshrink.out", {N("s"), 0.5}, T("bf16", {64, 256}));  // not the checked overload
   auto g = b.load();
   discover::apply_lowerings(g, {discover::check_lowering(hardshrink(), "l")});
   EXPECT_EQ(g.node(id_of(g, "s")).op, ir::Op::lowered);
   EXPECT_EQ(g.node(id_of(g, "t")).op, ir::Op::opaque);
+  EXPECT_EQ(g.node(id_of(g, "u")).op, ir::Op::opaque);
+}
+
+TEST(Lowering, TheLastGivenLoweringOfAnOpWins) {
+  auto g = shrink_graph().load();
+  json other = hardshrink();
+  other["ssa"][4]["op"] = "lt";
+  discover::apply_lowerings(g, {discover::check_lowering(other, "registry"), discover::check_lowering(hardshrink(), "file")});
+  EXPECT_EQ(g.lowerings.at("hardshrink")["ssa"][4]["op"], "gt");
 }
 
 TEST(Proposals, StoredListedAndSetByStatus) {

@@ -199,6 +199,8 @@ def test_replay_answers_from_the_cache_and_never_connects(
 
 WRONG_AT_BRANCH = json.loads(json.dumps(HARDSHRINK))
 WRONG_AT_BRANCH["ssa"][4]["op"] = "lt"  # keeps x where |x| == lambd
+WRONG_DEFAULT = json.loads(json.dumps(HARDSHRINK))
+WRONG_DEFAULT["params"][0]["default"] = 0.6  # F.hardshrink(x) would shrink by 0.6, not 0.5
 HUGE = json.loads(json.dumps(HARDSHRINK))
 HUGE["ssa"] += [{"id": i, "op": "neg", "args": [i - 1]} for i in range(6, 10_006)]
 SMUGGLED = json.loads(json.dumps(HARDSHRINK))
@@ -210,7 +212,8 @@ SMUGGLED_NUMBER["ssa"][2]["value"] = '0.0f); asm("trap;"); float y = (0.0'
 @pytest.mark.parametrize(
     ("answer", "gate", "why"),
     [
-        (WRONG_AT_BRANCH, "numeric", "differs from aten.hardshrink at (0.5"),
+        (WRONG_AT_BRANCH, "numeric", "differs from aten.hardshrink in float64 at (0.5"),
+        (WRONG_DEFAULT, "schema", "aten.hardshrink's default is 0.5"),
         (HUGE, "schema", "at most 256"),
         (SMUGGLED, "schema", "not a function of the vocabulary"),
         (SMUGGLED_NUMBER, "schema", "must be a number"),
@@ -218,6 +221,7 @@ SMUGGLED_NUMBER["ssa"][2]["value"] = '0.0f); asm("trap;"); float y = (0.0'
     ],
     ids=[
         "wrong_at_a_branch_point",
+        "wrong_default",
         "10000_nodes",
         "source_as_a_name",
         "source_as_a_number",
@@ -249,6 +253,63 @@ def test_a_lowering_that_changes_another_ops_meaning_fails_numerics():
     }
     ok, why = lowering.numeric_gate("hardshrink", relu)
     assert not ok and "differs from aten.hardshrink" in why
+
+
+def test_the_gates_refuse_what_is_exact_only_in_float64_or_not_an_expression():
+    """log(1 + x) for log1p cancels in float32, where the kernels compute; an in-place op
+    returns its written input, which no expression is; an op without an IEEE answer at inf."""
+    log1p = {
+        "op": "log1p",
+        "inputs": ["self"],
+        "params": [],
+        "ssa": [{"id": 0, "op": "input", "index": 0}, {"id": 1, "op": "constant", "value": 1.0},
+                {"id": 2, "op": "add", "args": [0, 1]}, {"id": 3, "op": "log", "args": [2]}],
+    }  # fmt: skip
+    ok, why = lowering.numeric_gate("log1p", log1p)
+    assert not ok and "in float32" in why
+    identity = {"op": "exp2_", "inputs": ["self"], "params": [],
+                "ssa": [{"id": 0, "op": "input", "index": 0}]}  # fmt: skip
+    (verdict,) = lowering.gates("exp2_", identity)
+    assert not verdict["passed"] and "writes or aliases its input" in verdict["why"]
+    hypot = {
+        "op": "hypot",
+        "inputs": ["self", "other"],
+        "params": [],
+        "ssa": [{"id": 0, "op": "input", "index": 0}, {"id": 1, "op": "input", "index": 1},
+                {"id": 2, "op": "mul", "args": [0, 0]}, {"id": 3, "op": "mul", "args": [1, 1]},
+                {"id": 4, "op": "add", "args": [2, 3]}, {"id": 5, "op": "sqrt", "args": [4]}],
+    }  # fmt: skip
+    ok, why = lowering.numeric_gate("hypot", hypot)  # hypot(inf, nan) is inf
+    assert not ok and "inf" in why
+
+
+def test_a_persons_rejection_stands_when_the_same_answer_comes_again(
+    engine_available, problem, registry, tmp_path
+):
+    from fact.agent.client import Answers
+    from fact.agent.propose import set_status
+
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"hardshrink": json.dumps(HARDSHRINK)}))
+    propose(str(problem), tmp_path / "a", None, Answers(answers), log=lambda s: None)
+    (row,) = proposals(registry)
+    set_status(row["id"], "rejected", registry)
+    respelt = json.loads(json.dumps(HARDSHRINK))
+    for e in respelt["ssa"]:
+        del e["id"]
+    respelt["ssa"][2]["value"] = 0  # 0 for 0.0: the same answer
+    answers.write_text(json.dumps({"hardshrink": json.dumps(respelt)}))
+    summary = propose(str(problem), tmp_path / "b", None, Answers(answers), log=lambda s: None)
+    assert summary["ops"] == {"hardshrink": "rejected before"}
+    assert [r["status"] for r in proposals(registry)] == ["rejected"]
+
+
+def test_a_redirect_is_not_followed(tmp_path):
+    script = [(302, b"")]
+    with MockEndpoint(script) as server:
+        client = client_for(server.url, tmp_path)
+        with pytest.raises(AgentError, match="HTTP 302"):
+            client.complete([{"role": "user", "content": "x"}], "t")
 
 
 @pytest.mark.parametrize(

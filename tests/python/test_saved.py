@@ -193,3 +193,20 @@ def test_implementations_passed_to_optimize_cannot_be_saved(engine_available, tm
     with pytest.raises(FactError, match="implementations=.*cannot carry"):
         fact.save(opt, tmp_path / "m.fact")
     assert not (tmp_path / "m.fact").exists()
+
+
+def test_a_decision_naming_a_kernel_outside_the_checked_ones_is_refused(saved, tmp_path):
+    """decisions.json is part of the folder too: a kernel path it names must be one of the
+    manifest's digested kernels, never a file elsewhere."""
+    _, _, _, folder = saved
+    folder = copy_of(folder, tmp_path)
+    (tmp_path / "elsewhere.so").write_bytes(b"not checked")
+    doc = json.loads((folder / "decisions.json").read_text())
+    doc["decisions"][0]["impl_spec"] = {
+        "name": "k", "kind": "generated", "detail": {},
+        "library": str(tmp_path / "elsewhere.so"), "cached_library": str(tmp_path / "elsewhere.so"),
+    }  # fmt: skip
+    doc["decisions"][0].pop("fallback", None)
+    (folder / "decisions.json").write_text(json.dumps(doc))
+    with pytest.raises(FactError, match="names kernel .*elsewhere.so.*not one it holds"):
+        fact.load(folder, Mlp().eval(), quiet=True)

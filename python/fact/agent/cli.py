@@ -123,7 +123,9 @@ def _set(args: argparse.Namespace) -> int:
     rows = {r["id"]: r for r in proposals(args.registry)}
     if args.id not in rows:
         raise FactError(f"no proposal {args.id} (see `fact agent list`)")
-    if args.status == "accepted" and not all(g.get("passed") for g in rows[args.id]["gates"]):
+    gates = rows[args.id]["gates"]
+    passed = [g.get("gate") for g in gates if g.get("passed")] == ["schema", "numeric", "plan"]
+    if args.status == "accepted" and not (passed and len(gates) == 3):
         raise FactError(
             f"proposal {args.id} failed FACT's gates; only a proposal that passed them can be "
             "accepted (fact agent check reruns them on a file)"

@@ -179,7 +179,7 @@ class Client:
         )
         self.log(f"request {self.budget.calls} to {self.settings.public()['endpoint_host']}")
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as r:
+            with _NO_REDIRECTS.open(request, timeout=self.settings.timeout_s) as r:
                 raw = r.read()
         except urllib.error.HTTPError as exc:
             raise AgentError(f"the endpoint answered HTTP {exc.code} ({exc.reason})") from None
@@ -195,6 +195,16 @@ class Client:
         if not isinstance(reply, dict):
             raise AgentError("the endpoint's answer is not a JSON object")
         return reply
+
+
+class _Refuse(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: following it would send the key to another host."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl}", headers, fp)
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_Refuse)
 
 
 class Answers:

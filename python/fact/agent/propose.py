@@ -118,11 +118,9 @@ def propose(
     ops = opaque_ops(plan, graph)
     say(f"{problem}: {len(ops)} ATen op(s) the catalog lacks: "
         + (", ".join(f"{op} ({n} elements)" for op, n in ops) or "none"))  # fmt: skip
-    known = {r["key"] for r in proposals(registry, "lowering", "accepted")}
-    rejected = {
-        json.dumps(r["payload"], sort_keys=True)
-        for r in proposals(registry, "lowering", "rejected")
-    }
+    every = proposals(registry, "lowering")
+    known = {r["key"] for r in every if r["status"] == "accepted"}
+    decided = {canonical(r["payload"]): r for r in every}  # the same answer again: no new verdict
     summary: dict[str, Any] = {"problem": problem, "ops": {}}
     for name, _ in ops:
         if name in known:
@@ -143,7 +141,7 @@ def propose(
             summary["ops"][name] = "prompt written"
             continue
         try:
-            verdict = _ask(name, chat, client, answers, rejected, registry, say)
+            verdict = _ask(name, chat, client, answers, decided, registry, say)
         except AgentError as exc:
             say(f"{name}: no proposal ({exc}); the op stays in PyTorch")
             summary["ops"][name] = f"no answer: {exc}"
@@ -157,7 +155,29 @@ def propose(
     return summary
 
 
-def _ask(name, chat, client, answers, rejected, registry, say) -> str:
+def canonical(payload: Any) -> str:
+    """A lowering's text up to spelling (ids, 1 vs 1.0): one answer, one verdict."""
+    if not isinstance(payload, dict):
+        return json.dumps(payload, sort_keys=True)
+
+    def numbers(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return [numbers(x) for x in v] if isinstance(v, list) else v
+        return float(v)
+
+    ssa = [
+        {k: numbers(v) if k in ("value", "params") else v for k, v in e.items() if k != "id"}
+        for e in payload.get("ssa") or []
+        if isinstance(e, dict)
+    ]
+    params = [
+        {k: numbers(v) for k, v in p.items()} if isinstance(p, dict) else p
+        for p in payload.get("params") or []
+    ]
+    return json.dumps(dict(payload, ssa=ssa, params=params), sort_keys=True)
+
+
+def _ask(name, chat, client, answers, decided, registry, say) -> str:
     """One op: an answer (one repair turn where it does not parse), the gates, the registry."""
     source = "answers file" if answers is not None else "endpoint"
     text = (
@@ -178,9 +198,10 @@ def _ask(name, chat, client, answers, rejected, registry, say) -> str:
             doc = lowering.parse(text)
         except FactError as again:
             raise AgentError(f"the repaired answer is not usable either: {again}") from None
-    if json.dumps(doc, sort_keys=True) in rejected:
-        say(f"{name}: this answer was rejected before; not checked again")
-        return "rejected before"
+    before = decided.get(canonical(doc))
+    if before is not None:  # a verdict (or a person's decision) stands
+        say(f"{name}: this answer is proposal {before['id']}, {before['status']}; not checked")
+        return f"{before['status']} before"
     results = lowering.gates(name, doc)
     passed = all(r["passed"] for r in results) and [r["gate"] for r in results] == [
         "schema", "numeric", "plan"

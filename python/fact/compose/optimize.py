@@ -937,20 +937,21 @@ def _save_decisions(path: Path, plan, decisions) -> None:
 
 
 def _load_decisions(
-    path: Path, device: torch.device, base: Path | None = None
+    path: Path, device: torch.device, kernels: Callable[[str], str | None] | None = None
 ) -> tuple[dict, list[dict]] | str:
     """The cached decisions, or why there are none that can be used (a line for the
-    transcript). Relative kernel paths are taken from `base` (a saved module's folder)."""
+    transcript). With `kernels` (a saved module's) each kernel's library is what it returns for
+    the recorded name (None: not one of the module's checked kernels)."""
     if not path.is_file():
         return "no decisions cached for this graph, precision, GPU and FACT build"
     try:
-        return _read_decisions(path, device, base)
+        return _read_decisions(path, device, kernels)
     except (FactError, KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         return f"the cached decisions in {path} cannot be read ({type(exc).__name__}: {exc})"
 
 
 def _read_decisions(
-    path: Path, device: torch.device, base: Path | None = None
+    path: Path, device: torch.device, kernels: Callable[[str], str | None] | None = None
 ) -> tuple[dict, list[dict]] | str:
     try:
         doc = json.loads(path.read_text())
@@ -964,11 +965,13 @@ def _read_decisions(
             continue
         pattern = patterns[d["index"]]
         if spec["kind"] == "generated":
-            found = [
-                str(base / p) if base is not None and not Path(p).is_absolute() else p
-                for p in (spec.get("library"), spec.get("cached_library"))
-                if p
-            ]
+            if kernels is not None:
+                library = kernels(str(spec.get("library")))
+                if library is None:
+                    return f"its decision names kernel {spec.get('library')!r}, not one it holds"
+                d["impl"] = generated_impl(pattern, library, spec["detail"].get("knobs") or {})
+                continue
+            found = [p for p in (spec.get("library"), spec.get("cached_library")) if p]
             library = next((p for p in found if Path(p).is_file()), None)
             if library is None:
                 return (
@@ -1174,7 +1177,7 @@ def _optimize_once(
                     "or optimize this one"
                 )
             decisions_path = Path(saved["folder"]) / "decisions.json"
-            cached = _load_decisions(decisions_path, device, base=Path(saved["folder"]))
+            cached = _load_decisions(decisions_path, device, saved["kernel"])
             if isinstance(cached, str):
                 raise FactError(f"the saved module in {saved['folder']} cannot be used: {cached}")
         elif use_cache and implementations is None:
@@ -1277,7 +1280,9 @@ def _optimize_once(
         "transcript": progress.lines,
     }
     opt = OptimizedModule(model, program, gm, report, False, example)
-    object.__setattr__(opt, "_decided", dict(decided, example=example, options=saved_options))
+    # fact.save's: the examples on the host, so the module holds no device memory for them
+    cpu = [t.detach().to("cpu") if isinstance(t, torch.Tensor) else t for t in example]
+    object.__setattr__(opt, "_decided", dict(decided, example=cpu, options=saved_options))
     if saved is not None:  # as chosen when it was saved: nothing is timed again
         for step in ("replay", "guard"):
             if saved["report"].get(step):

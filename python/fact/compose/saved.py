@@ -86,18 +86,15 @@ def save(opt: Any, folder: str | os.PathLike[str]) -> Path:
             rows.append(row)
         doc = {"fact_decisions": 1, "plan": decided["plan"], "decisions": rows}
         (tmp / "decisions.json").write_text(json.dumps(json_ready(doc)))
-        example = [
-            t.detach().to("cpu") if isinstance(t, torch.Tensor) else t for t in decided["example"]
-        ]
+        example = decided["example"]  # on the host already
         try:
             torch.save(example, tmp / "inputs.pt")
         except Exception as exc:  # an input torch.save cannot write: say which
             raise FactError(f"the example inputs cannot be saved ({exc})") from None
-        device = next(
-            (t.device for t in decided["example"] if isinstance(t, torch.Tensor)),
-            torch.device("cpu"),
-        )
         report = opt.report
+        device = torch.device(
+            "cuda" if str(report.get("device", "cpu")).startswith("cuda") else "cpu"
+        )
         manifest = {
             "format": FORMAT,
             "version": VERSION,
@@ -205,12 +202,26 @@ def _load(folder: Path, model: nn.Module, example_inputs: Any, quiet: bool) -> n
         precision=options["precision"], arch=options["arch"], candidates=0, cuda_graphs=True,
         use_cache=False, require_faster=True, implementations=None,
         saved={"folder": str(folder), "graph_sha256": manifest["graph_sha256"],
-               "report": manifest.get("report") or {}},
+               "report": manifest.get("report") or {},
+               "kernel": lambda name: checked_kernel(manifest, folder, name)},
     )  # fmt: skip
     if opt is None:  # the saved decisions are final: no fold is dropped on load
         raise FactError(f"the saved module in {folder} drops folds it was saved with: {dropped}")
     opt.report["loaded_from"] = str(folder)
     return opt
+
+
+def checked_kernel(manifest: Mapping[str, Any], folder: Path, name: str) -> str | None:
+    """The path of kernel `name` of the folder, its digest checked again just before it is
+    loaded; None when the manifest does not list it (a decision naming another file)."""
+    digest = manifest["kernels"].get(name)
+    if digest is None:
+        return None
+    path = folder / name
+    if _sha256(path) != digest:
+        raise FactError(f"kernel {path} does not match the digest it was saved with: the "
+                        "folder was changed or damaged; save the module again")  # fmt: skip
+    return str(path)
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
