@@ -53,6 +53,8 @@ const std::map<std::string, FnInfo>& functions() {
       {"neg", {1, [](const V& a, const Params&) { return -a[0]; }}},
       {"exp", {1, [](const V& a, const Params&) { return std::exp(a[0]); }}},
       {"log", {1, [](const V& a, const Params&) { return std::log(a[0]); }}},
+      {"log1p", {1, [](const V& a, const Params&) { return std::log1p(a[0]); }}},
+      {"expm1", {1, [](const V& a, const Params&) { return std::expm1(a[0]); }}},
       {"sqrt", {1, [](const V& a, const Params&) { return std::sqrt(a[0]); }}},
       {"rsqrt", {1, [](const V& a, const Params&) { return 1.0 / std::sqrt(a[0]); }}},
       {"reciprocal", {1, [](const V& a, const Params&) { return 1.0 / a[0]; }}},

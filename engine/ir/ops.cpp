@@ -36,6 +36,8 @@ const std::vector<OpInfo>& table() {
       {Op::neg, "neg", C::pointwise},
       {Op::exp, "exp", C::pointwise},
       {Op::log, "log", C::pointwise},
+      {Op::log1p, "log1p", C::pointwise},
+      {Op::expm1, "expm1", C::pointwise},
       {Op::sqrt, "sqrt", C::pointwise},
       {Op::rsqrt, "rsqrt", C::pointwise},
       {Op::reciprocal, "reciprocal", C::pointwise},

@@ -32,7 +32,7 @@ enum class Op {
   mm, addmm, bmm, baddbmm, matmul, linear,
   // pointwise unary
   relu, leaky_relu, sigmoid, tanh, gelu, silu, mish, hardtanh, clamp, clamp_min, clamp_max,
-  neg, exp, log, sqrt, rsqrt, reciprocal, abs, erf, softplus, elu, hardswish, hardsigmoid,
+  neg, exp, log, log1p, expm1, sqrt, rsqrt, reciprocal, abs, erf, softplus, elu, hardswish, hardsigmoid,
   sin, cos, square, pow,
   lowered,  // an op the catalog lacks, given an expression as data (discover/lowering.h)
   // pointwise binary / ternary

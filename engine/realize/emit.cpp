@@ -117,6 +117,8 @@ std::string function_expr(const json& e, const std::vector<std::string>& a, cons
   if (fn == "neg") return "-" + a[0];
   if (fn == "exp") return m.exp + "(" + a[0] + ")";
   if (fn == "log") return "logf(" + a[0] + ")";
+  if (fn == "log1p") return "log1pf(" + a[0] + ")";
+  if (fn == "expm1") return "expm1f(" + a[0] + ")";
   if (fn == "sqrt") return "sqrtf(" + a[0] + ")";
   if (fn == "rsqrt") return "rsqrtf(" + a[0] + ")";
   if (fn == "reciprocal") return "1.0f / " + a[0];

@@ -46,7 +46,7 @@ std::string call(const json& e, const std::vector<std::string>& a) {
   static const std::map<std::string, std::string> compare = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
                                                              {"le", "<="}, {"gt", ">"},  {"ge", ">="}};
   static const std::map<std::string, std::string> unary = {
-      {"exp", "fact_exp"},       {"log", "logf"},         {"sqrt", "sqrtf"},         {"rsqrt", "rsqrtf"},
+      {"exp", "fact_exp"},       {"log", "logf"},           {"log1p", "log1pf"},       {"expm1", "expm1f"},         {"sqrt", "sqrtf"},         {"rsqrt", "rsqrtf"},
       {"abs", "fabsf"},          {"erf", "erff"},         {"sin", "sinf"},           {"cos", "cosf"},
       {"tanh", "fact_tanh"},     {"sigmoid", "fact_sigmoid"}, {"relu", "fact_relu"}, {"silu", "fact_silu"},
       {"gelu_erf", "fact_gelu_erf"}, {"gelu_tanh", "fact_gelu_tanh"}, {"mish", "fact_mish"},

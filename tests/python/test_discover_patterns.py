@@ -347,6 +347,8 @@ GEMM_TAILS = {
         ["bias", "div"],
     ),
     "residual_then_scale": (lambda m, y, x, o: (y + o) / 4.0, ["bias", "residual", "scale"]),
+    "log1p_of_abs": (lambda m, y, x, o: torch.log1p(y.abs()), ["bias", "abs", "log1p"]),
+    "expm1": (lambda m, y, x, o: torch.expm1(y), ["bias", "expm1"]),
     # in-place forms nobody else sees read as the functional ops
     "in_place_chain": (
         lambda m, y, x, o: F.hardtanh_(y.add_(1.0), -2.0, 2.0).mul_(0.5),

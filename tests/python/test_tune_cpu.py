@@ -592,6 +592,8 @@ EXPR_CPP = {
     "neg": lambda a, p: -a[0],
     "exp": lambda a, p: math.exp(a[0]),
     "log": lambda a, p: math.log(a[0]),
+    "log1p": lambda a, p: math.log1p(a[0]),
+    "expm1": lambda a, p: math.expm1(a[0]),
     "sqrt": lambda a, p: math.sqrt(a[0]),
     "rsqrt": lambda a, p: 1.0 / math.sqrt(a[0]),
     "reciprocal": lambda a, p: 1.0 / a[0],
@@ -641,7 +643,7 @@ def _cases(fn: str):
     """(args columns, params) cases for one function, inside its domain."""
     arity = FUNCTIONS[fn][0]
     if arity == 1:
-        xs = POSITIVE if fn in ("log", "sqrt", "rsqrt", "reciprocal") else UNARY
+        xs = POSITIVE if fn in ("log", "log1p", "sqrt", "rsqrt", "reciprocal") else UNARY
         cols = [xs]
     elif arity == 2:
         pairs = [(a, b) for a in GRID for b in GRID]

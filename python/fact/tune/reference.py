@@ -232,6 +232,8 @@ FUNCTIONS: dict[str, tuple[int, Fn]] = {
     "neg": (1, lambda a, p: -a[0]),
     "exp": (1, lambda a, p: torch.exp(a[0])),
     "log": (1, lambda a, p: torch.log(a[0])),
+    "log1p": (1, lambda a, p: torch.log1p(a[0])),
+    "expm1": (1, lambda a, p: torch.expm1(a[0])),
     "sqrt": (1, lambda a, p: torch.sqrt(a[0])),
     "rsqrt": (1, lambda a, p: torch.rsqrt(a[0])),
     "reciprocal": (1, lambda a, p: torch.reciprocal(a[0])),
