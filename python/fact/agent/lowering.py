@@ -70,8 +70,10 @@ def signature_of(name: str) -> tuple[list[str], list[tuple[str, float | None]]]:
     """(tensor argument names, [(numeric argument name, default or None)]) of the op's schema,
     in order; FactError where the op is no elementwise function of tensors and numbers."""
     schema = aten_op(name)._schema
-    if schema.is_mutable or any(a.alias_info is not None for a in schema.arguments) or any(
-        r.alias_info is not None for r in schema.returns
+    if (
+        schema.is_mutable
+        or any(a.alias_info is not None for a in schema.arguments)
+        or any(r.alias_info is not None for r in schema.returns)
     ):
         raise FactError(f"aten.{name} writes or aliases its input: it is no expression")
     tensors, numbers = [], []
@@ -269,7 +271,6 @@ def _differs(name, inputs, params, got, want, atol, rtol) -> str:
         f"with params {params}: {got[i].item():.17g} instead of {want[i].item():.17g} "
         f"({int(bad.sum())} of {bad.numel()} points)"
     )
-
 
 
 class _Probe(torch.nn.Module):
