@@ -17,6 +17,7 @@ import pytest
 from fact.agent import lowering
 from fact.agent.client import AgentError, Budget, BudgetExhausted, Client, Settings
 from fact.agent.propose import proposals, propose
+from helpers import REPO
 
 HARDSHRINK = {
     "op": "hardshrink",
@@ -454,3 +455,18 @@ def test_accepted_lowerings_are_part_of_the_decision_key(
     answers.write_text(json.dumps({"hardshrink": json.dumps(HARDSHRINK)}))
     propose(str(problem), tmp_path / "a", None, Answers(answers), log=lambda s: None)
     assert _lowerings_digest() != before
+
+
+def test_the_shipped_lowerings_pass_the_gates(engine_available, registry, tmp_path):
+    """data/lowerings.json (imported by setup.sh) enters a registry through the same gates."""
+    from fact.cli import main
+
+    assert main(["agent", "import", str(REPO / "data" / "lowerings.json")]) == 0
+    rows = proposals(registry, "lowering")
+    shipped = json.loads((REPO / "data" / "lowerings.json").read_text())
+    assert len(rows) == len(shipped) and {r["status"] for r in rows} == {"accepted"}
+    assert main(["agent", "import", str(REPO / "data" / "lowerings.json")]) == 0  # again: no-op
+    assert len(proposals(registry, "lowering")) == len(shipped)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([WRONG_AT_BRANCH]))
+    assert main(["agent", "import", str(bad)]) == 1

@@ -50,6 +50,16 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         a.add_argument("id", type=int)
         a.add_argument("--registry")
         a.set_defaults(run=_set, status=status)
+    i = actions.add_parser(
+        "import",
+        help="check a file of lowerings (data/lowerings.json) and keep the verdicts",
+        description="Run FACT's gates on each lowering of FILE (a JSON list, as `fact agent "
+        "export` writes) and store the verdicts in the registry: how the shipped table "
+        "(data/lowerings.json, imported by setup.sh) enters a registry. Exit 1 if any fails.",
+    )
+    i.add_argument("file", type=Path)
+    i.add_argument("--registry")
+    i.set_defaults(run=_import)
     e = actions.add_parser("export", help="accepted lowerings as one JSON file, for review")
     e.add_argument("-o", "--output", type=Path, required=True)
     e.add_argument("--registry")
@@ -133,6 +143,37 @@ def _set(args: argparse.Namespace) -> int:
     set_status(args.id, args.status, args.registry)
     print(f"proposal {args.id} {args.status}")
     return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from fact.agent.lowering import gates
+    from fact.agent.propose import canonical, proposals, store
+
+    try:
+        doc = json.loads(args.file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FactError(f"{args.file} cannot be read ({exc})") from None
+    if not isinstance(doc, list) or not all(isinstance(x, dict) for x in doc):
+        raise FactError(f"{args.file}: a JSON list of lowerings, as `fact agent export` writes")
+    decided = {canonical(r["payload"]): r for r in proposals(args.registry, "lowering")}
+    failed = 0
+    for lowering in doc:
+        name = str(lowering.get("op"))
+        before = decided.get(canonical(lowering))
+        if before is not None:
+            print(f"{name}: proposal {before['id']}, {before['status']} already")
+            failed += before["status"] == "rejected"
+            continue
+        results = gates(name, lowering)
+        ok = [r["gate"] for r in results if r["passed"]] == ["schema", "numeric", "plan"]
+        proposal = {"kind": "lowering", "key": name[:64] or "?", "payload": lowering,
+                    "status": "accepted" if ok else "rejected", "gates": results,
+                    "provenance": {"source": f"file {args.file.name}"}}  # fmt: skip
+        pid = store(proposal, args.registry)
+        why = "" if ok else ": " + "; ".join(r["why"] for r in results if not r["passed"])
+        print(f"{name}: proposal {pid} {proposal['status']}{why}")
+        failed += not ok
+    return 1 if failed else 0
 
 
 def _export(args: argparse.Namespace) -> int:

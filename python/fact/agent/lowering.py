@@ -248,10 +248,32 @@ def numeric_gate(name: str, lowering: Mapping[str, Any]) -> tuple[bool, str]:
         else:
             if moved is not None:
                 tested[moved] = True
+    problem = _elementwise_check(name, op, lowering, defaults)
+    if problem:
+        return False, problem
     untested = [lowering["params"][i]["name"] for i, t in enumerate(tested) if not t]
     if untested:
         return False, f"aten.{name} refused every other value of {', '.join(untested)}: unchecked"
     return True, f"matches aten.{name} on every point (max abs difference {worst:.2g})"
+
+
+def _elementwise_check(name: str, op: Any, lowering: Mapping[str, Any], params: list) -> str:
+    """The planner reads a lowered op as elementwise with operands broadcast right-aligned:
+    check that on a rank-4 input and operands of other shapes (an op mixing elements along a
+    dim, or broadcasting some other way, such as prelu's channel weight, fails here)."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(2, 3, 4, 5), (3, 1, 1), (4, 5)][: len(lowering["inputs"])]
+    inputs = [torch.randn(s, generator=gen, dtype=torch.float64) * 3 for s in shapes]
+    try:
+        want = op(*[t.clone() for t in inputs], *params)
+        got = torch.as_tensor(evaluate(lowering, inputs, params)).to(torch.float64)
+    except Exception as exc:
+        return f"aten.{name} is not elementwise with right-aligned broadcasting ({exc})"
+    if tuple(want.shape) != (2, 3, 4, 5):
+        return f"aten.{name} of a (2, 3, 4, 5) input has shape {tuple(want.shape)}"
+    return _differs(name, [t.broadcast_to(want.shape).reshape(-1) for t in inputs], params,
+                    got.broadcast_to(want.shape).reshape(-1), want.reshape(-1).to(torch.float64),
+                    _ATOL, _RTOL)  # fmt: skip
 
 
 def _differs(name, inputs, params, got, want, atol, rtol) -> str:
