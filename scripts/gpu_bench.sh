@@ -31,6 +31,7 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 ENGINE=${FACT_ENGINE:-build/fact-engine}
 if [ -n "${FACT_REGISTRY:-}" ] && [ ! -f "$FACT_REGISTRY" ]; then
   "$ENGINE" registry import data/registry_seed.json
+  "$PY" -m fact agent import data/lowerings.json
 fi
 [ $# -gt 0 ] || set -- minigpt-bf16
 for job in "$@"; do
