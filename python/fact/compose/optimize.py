@@ -610,10 +610,21 @@ def pattern_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) ->
         }
         for o in pattern.get("operands") or []
     ]
+    # Attributes that name graph nodes (a gated MLP's gate and up GEMMs, attention's sources)
+    # differ from layer to layer of the same work.
+    names = set(pattern.get("nodes") or []) | {
+        o.get("node") for o in pattern.get("operands") or [] if isinstance(o, dict)
+    }
+
+    def names_nodes(v: Any) -> bool:
+        return (isinstance(v, str) and v in names) or (
+            isinstance(v, list) and bool(v) and all(isinstance(x, str) and x in names for x in v)
+        )
+
     attrs = {
         k: v
         for k, v in (pattern.get("attrs") or {}).items()
-        if k not in ("parts", "outputs") and not k.endswith("_source")
+        if k not in ("parts", "outputs") and not k.endswith("_source") and not names_nodes(v)
     }
     key = {
         "family": pattern.get("family"),
