@@ -470,3 +470,28 @@ def test_the_shipped_lowerings_pass_the_gates(engine_available, registry, tmp_pa
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([WRONG_AT_BRANCH]))
     assert main(["agent", "import", str(bad)]) == 1
+
+
+def test_optimize_asks_the_agent_when_told_and_plans_what_passed(
+    engine_available, registry, tmp_path, monkeypatch
+):
+    import torch
+
+    import fact
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Hardshrink(0.3)).eval()
+    x = torch.randn(8, 32)
+    plain = fact.optimize(model, [x], run_dir=tmp_path / "r0", quiet=True, use_cache=False)
+    assert not any("hardshrink" in p["signature"] for p in plain.report["patterns"])
+    with MockEndpoint([(200, completion(json.dumps(HARDSHRINK)))]) as server:
+        monkeypatch.setenv("FACT_AGENT_URL", server.url)
+        monkeypatch.setenv("FACT_AGENT_MODEL", "mock")
+        opt = fact.optimize(model, [x], run_dir=tmp_path / "r1", quiet=True, use_cache=False,
+                            agent={"mode": "live", "max_calls": 2})  # fmt: skip
+    assert len(server.requests) == 1
+    assert any(p["signature"].startswith("gemm[bias+hardshrink]") for p in opt.report["patterns"])
+    assert any("agent: hardshrink: proposal" in line for line in opt.report["transcript"])
+    with torch.no_grad():
+        assert torch.allclose(opt(x), model(x))
+    with pytest.raises(fact.FactError, match="agent settings"):
+        fact.optimize(model, [x], quiet=True, agent={"mode": "live", "temperature": 2})

@@ -99,9 +99,29 @@ def propose(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run task 1 (lowerings) on a problem file. Returns a summary: per op, what happened."""
-    from fact.engine import engine_json
     from fact.problem import load_problem
-    from fact.tracer import save_graph, trace
+    from fact.tracer import trace
+
+    loaded = load_problem(problem, dtype)
+    graph = trace(loaded.model, loaded.inputs, source=problem)
+    return propose_for_graph(graph, out, client, answers, source=problem, registry=registry,
+                             dry_run=dry_run, log=log)  # fmt: skip
+
+
+def propose_for_graph(
+    graph: dict[str, Any],
+    out: Path,
+    client: Client | None,
+    answers: Answers | None = None,
+    *,
+    source: str = "",
+    registry: str | None = None,
+    dry_run: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Task 1 on a traced graph (a problem file's, or the module fact.optimize traced)."""
+    from fact.engine import engine_json
+    from fact.tracer import save_graph
 
     out.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
@@ -111,17 +131,15 @@ def propose(
         log(line)
 
     started = time.monotonic()
-    loaded = load_problem(problem, dtype)
-    graph = trace(loaded.model, loaded.inputs, source=problem)
     graph_path = save_graph(graph, out / "graph.json")
     plan = engine_json("discover", graph_path, *_registry_args(registry))
     ops = opaque_ops(plan, graph)
-    say(f"{problem}: {len(ops)} ATen op(s) the catalog lacks: "
+    say(f"{source or graph.get('model')}: {len(ops)} ATen op(s) the catalog lacks: "
         + (", ".join(f"{op} ({n} elements)" for op, n in ops) or "none"))  # fmt: skip
     every = proposals(registry, "lowering")
     known = {r["key"] for r in every if r["status"] == "accepted"}
     decided = {canonical(r["payload"]): r for r in every}  # the same answer again: no new verdict
-    summary: dict[str, Any] = {"problem": problem, "ops": {}}
+    summary: dict[str, Any] = {"problem": source, "ops": {}}
     for name, _ in ops:
         if name in known:
             say(f"{name}: an accepted lowering is in the registry already")
@@ -153,6 +171,29 @@ def propose(
     (out / "transcript.txt").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def for_optimize(graph: dict[str, Any], agent: Any, run: Path, log: Callable[[str], None]) -> None:
+    """fact.optimize(..., agent=...): "live", "record" or "replay" (the endpoint from
+    FACT_AGENT_*), or a dict of propose's settings ({"mode", "max_calls", "max_tokens",
+    "max_seconds", "answers"}). Whatever it proposes is decided by the gates before the plan;
+    a fault leaves the catalog as it is."""
+    from fact.agent.client import Budget, Settings
+    from fact.compose.optimize import cache_root
+
+    spec = {"mode": agent} if isinstance(agent, str) else dict(agent)
+    unknown = set(spec) - {"mode", "max_calls", "max_tokens", "max_seconds", "answers"}
+    if unknown:
+        raise FactError(f"agent settings {sorted(unknown)}: mode, max_calls, max_tokens, "
+                        "max_seconds, answers")  # fmt: skip
+    answers = Answers(Path(spec["answers"])) if spec.get("answers") else None
+    client = None
+    if answers is None:
+        budget = Budget(int(spec.get("max_calls", 8)), int(spec.get("max_tokens", 50_000)),
+                        float(spec.get("max_seconds", 600.0)))  # fmt: skip
+        client = Client(Settings.from_env(), str(spec.get("mode", "live")),
+                        cache_root() / "agent" / "responses", budget, log=log)  # fmt: skip
+    propose_for_graph(graph, run, client, answers, log=lambda line: log(f"agent: {line}"))
 
 
 def canonical(payload: Any) -> str:

@@ -37,6 +37,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -1050,6 +1051,7 @@ def optimize(
     require_faster: bool = True,
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None = None,
     fold_norms: bool = False,
+    agent: str | Mapping[str, Any] | None = None,
 ) -> OptimizedModule:
     """Return a module computing `model`'s function with FACT's kernels where they verify and
     win, PyTorch everywhere else. See the module docstring for the steps.
@@ -1063,6 +1065,11 @@ def optimize(
     run them; when a fold's kernels are not chosen, the module is planned again without that
     fold (and any other that failed). Off by default: on the H200 the folded MiniGPT block
     measured no faster in bf16 or fp32 `highest` (bench/README.md, nineteenth session).
+
+    agent: off (None) by default. "live", "record" or "replay" (or a dict with "mode",
+    "max_calls", "max_tokens", "max_seconds", or "answers": a file of pasted answers) first
+    asks fact.agent for lowerings of the ops the catalog lacks; what its gates accept is
+    planned like any op (and kept in the registry for later runs, which need no agent).
     """
     progress = Progress(quiet)
     options = {
@@ -1073,6 +1080,7 @@ def optimize(
         "use_cache": use_cache,
         "require_faster": require_faster,
         "implementations": implementations,
+        "agent": agent,
     }
     started = time.perf_counter()
     skip: dict[str, str] = {}  # folds that did not pay: norm -> why
@@ -1109,6 +1117,7 @@ def _optimize_once(
     use_cache: bool,
     require_faster: bool,
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None,
+    agent: str | Mapping[str, Any] | None = None,
     saved: Mapping[str, Any] | None = None,
 ) -> tuple[OptimizedModule | None, dict[str, str]]:
     """One pass of optimize (from `started`), with LayerNorm folds (but those in `fold_skip`,
@@ -1148,6 +1157,11 @@ def _optimize_once(
         graph = graph_from_program(
             exported, source=type(model).__name__, model=type(model).__name__
         )
+        if agent not in (None, "off") and saved is None:  # before the key: it may add lowerings
+            from fact.agent.propose import for_optimize
+
+            with tempfile.TemporaryDirectory(prefix="fact-agent-") as folder:
+                for_optimize(graph, agent, Path(folder), progress)
         key = cache_key(
             graph,
             precision,
