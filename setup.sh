@@ -39,5 +39,6 @@ cmake --build build -j"$(nproc)"
 echo "== pattern registry: vetted configs measured on the H200 (data/registry_seed.json)"
 ./build/fact-engine registry import data/registry_seed.json
 echo "== lowerings of ops the catalog lacks, each checked by the agent's gates (data/lowerings.json)"
-.venv/bin/fact agent import data/lowerings.json
+.venv/bin/fact agent import data/lowerings.json ||
+  echo "warning: some shipped lowerings failed the gates here (above); those ops stay in PyTorch"
 echo "== ready: .venv/bin/fact discover examples/minigpt_block.py --dtype bf16"
