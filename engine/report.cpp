@@ -97,6 +97,11 @@ void print_plan(const json& plan, std::ostream& os) {
       os << " " << n["name"].get<std::string>() << " [" << n["op"].get<std::string>()
          << (n.value("once", false) ? ", once" : "") << "]";
     }
+    os << "\n  (an elementwise one can get a lowering: `fact agent propose PROBLEM.py --out DIR`)\n";
+  }
+  if (plan.contains("lowerings") && !plan["lowerings"].empty()) {
+    os << "lowered through the registry's accepted lowerings:";
+    for (const auto& l : plan["lowerings"]) os << " " << l.get<std::string>();
     os << "\n";
   }
   const auto& reg = plan["registry"];

@@ -100,7 +100,11 @@ json explain(const ir::Graph& g, const Discovery& d, int node) {
   if (n.is_placeholder()) {
     note = std::string("a graph ") + ir::node_kind_name(n.kind) + ": data, not computation";
   } else if (n.op == ir::Op::opaque) {
-    note = "'" + n.target_op + "' is not in FACT's op vocabulary: it is kept as an opaque node and runs in PyTorch";
+    note = "'" + n.target_op + "' is not in FACT's op vocabulary: it is kept as an opaque node and runs in PyTorch "
+           "(if it is elementwise, `fact agent propose` can propose a lowering that FACT's checks may accept)";
+  } else if (n.op == ir::Op::lowered) {
+    note = "'" + n.target_op + "' is not in the catalog; it is read through an accepted lowering "
+           "(`fact agent list`)";
   } else if (!is_compute(g, node) && out["covered_by"].is_null()) {
     note = "a view or identity: it launches no kernel, so leaving it to PyTorch costs nothing";
   } else if (out["covered_by"].is_null()) {
