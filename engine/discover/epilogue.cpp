@@ -319,10 +319,7 @@ std::vector<std::string> name_steps(const Graph& g, const ExprGraph& e,
   for (const auto& x : e.exprs) {
     if (x.kind != Expr::Kind::fn || x.fn == "cast") continue;
     if (!x.folded && x.nodes.size() == 1 && g.node(x.nodes[0]).op == ir::Op::lowered) {
-      if (lowered.insert(x.nodes[0]).second) {
-        const auto& target = g.node(x.nodes[0]).target_op;  // aten.<op>.<overload>
-        steps.push_back(target.substr(5, target.find('.', 5) - 5));
-      }
+      if (lowered.insert(x.nodes[0]).second) steps.push_back(ir::aten_base(g.node(x.nodes[0]).target_op));
       continue;
     }
     std::set<std::string> kinds;

@@ -455,8 +455,7 @@ bool node_to_expr(const ir::Graph& g, const ir::Node& n, const std::function<int
                   {param(1, "alpha", 1.0), param(2, "scale", 1.0), param(3, "input_scale", 1.0)});
       return ok;
     case Op::lowered: {
-      const auto rest = n.target_op.substr(5);
-      const auto& l = g.lowerings.at(rest.substr(0, rest.find('.')));
+      const auto& l = g.lowerings.at(ir::aten_base(n.target_op));
       const size_t k = l["inputs"].size();
       std::vector<int> ids;
       for (const auto& e : l["ssa"]) {

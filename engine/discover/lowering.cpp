@@ -32,12 +32,6 @@ double number(const json& v, const std::string& where) {
   return x;
 }
 
-std::string aten_base(const std::string& target) {
-  if (target.rfind("aten.", 0) != 0) return "";
-  const auto rest = target.substr(5);
-  return rest.substr(0, rest.find('.'));
-}
-
 }  // namespace
 
 json check_lowering(const json& doc, const std::string& where) {
@@ -125,7 +119,7 @@ std::vector<std::string> apply_lowerings(ir::Graph& g, const std::vector<json>& 
   std::set<std::string> applied;
   for (auto& n : g.nodes) {
     if (n.op != ir::Op::opaque) continue;
-    const auto it = by_op.find(aten_base(n.target_op));
+    const auto it = by_op.find(ir::aten_base(n.target_op));
     // Checked against the op's default overload only: another overload may mean another thing.
     if (it == by_op.end() || n.target_op != "aten." + it->first + ".default") continue;
     const json& l = it->second;

@@ -195,13 +195,6 @@ Op op_of_base(const std::string& base) {
   return it == by_name.end() ? Op::opaque : it->second;
 }
 
-// "aten.add.Tensor" -> "add"; "aten.relu_.default" -> "relu_"; "" for anything not ATen.
-std::string aten_base(const std::string& target) {
-  if (target.rfind("aten.", 0) != 0) return "";
-  const auto rest = target.substr(5);
-  return rest.substr(0, rest.find('.'));
-}
-
 // The pointwise op whose in-place form `base` is ("mul_" -> mul); Op::opaque otherwise.
 Op in_place_op(const std::string& base) {
   if (base.size() < 2 || base.back() != '_' || base.front() == '_') return Op::opaque;
@@ -218,6 +211,12 @@ Op op_from_target(const std::string& target) {
   if (base.empty()) return Op::opaque;
   const Op op = op_of_base(base);
   return op != Op::opaque ? op : in_place_op(base);
+}
+
+std::string aten_base(const std::string& target) {
+  if (target.rfind("aten.", 0) != 0) return "";
+  const auto rest = target.substr(5);
+  return rest.substr(0, rest.find('.'));
 }
 
 bool in_place_target(const std::string& target) { return in_place_op(aten_base(target)) != Op::opaque; }

@@ -66,6 +66,8 @@ const char* op_class_name(OpClass c);
 Op op_from_target(const std::string& target);
 // Whether `target` is the in-place form of a pointwise op ("aten.mul_.Tensor").
 bool in_place_target(const std::string& target);
+// "aten.add.Tensor" -> "add"; "aten.relu_.default" -> "relu_"; "" for anything not ATen.
+std::string aten_base(const std::string& target);
 inline std::string_view op_name(Op op) { return op_info(op).name; }
 inline OpClass op_class(Op op) { return op_info(op).cls; }
 
