@@ -19,19 +19,7 @@ from fact.agent.client import AgentError, Budget, BudgetExhausted, Client, Setti
 from fact.agent.propose import proposals, propose
 from helpers import REPO
 
-HARDSHRINK = {
-    "op": "hardshrink",
-    "inputs": ["self"],
-    "params": [{"name": "lambd", "default": 0.5}],
-    "ssa": [
-        {"id": 0, "op": "input", "index": 0},
-        {"id": 1, "op": "param", "index": 0},
-        {"id": 2, "op": "constant", "value": 0.0},
-        {"id": 3, "op": "abs", "args": [0]},
-        {"id": 4, "op": "le", "args": [3, 1]},
-        {"id": 5, "op": "where", "args": [4, 2, 0]},
-    ],
-}
+HARDSHRINK = lowering.EXAMPLE  # the prompt's worked example: a lowering the gates accept
 
 PROBLEM = """
 import torch, torch.nn as nn, torch.nn.functional as F

@@ -91,23 +91,26 @@ def signature_of(name: str) -> tuple[list[str], list[tuple[str, float | None]]]:
     return tensors, numbers
 
 
+# The prompt's worked example (exact at the branch points, NaN included: it passes the gates).
+EXAMPLE: dict[str, Any] = {
+    "op": "hardshrink",
+    "inputs": ["self"],
+    "params": [{"name": "lambd", "default": 0.5}],
+    "ssa": [
+        {"id": 0, "op": "input", "index": 0},
+        {"id": 1, "op": "param", "index": 0},
+        {"id": 2, "op": "constant", "value": 0.0},
+        {"id": 3, "op": "abs", "args": [0]},
+        {"id": 4, "op": "le", "args": [3, 1]},  # NaN <= l is false: NaN stays NaN
+        {"id": 5, "op": "where", "args": [4, 2, 0]},
+    ],
+}
+
+
 def messages(name: str) -> list[dict[str, str]]:
     """The chat for one op: the format, the vocabulary, the op's schema, one worked example."""
     schema = str(aten_op(name)._schema)
     vocab = ", ".join(f"{k}/{v}" for k, v in sorted(vocabulary().items()))
-    example = {
-        "op": "hardshrink",
-        "inputs": ["self"],
-        "params": [{"name": "lambd", "default": 0.5}],
-        "ssa": [
-            {"id": 0, "op": "input", "index": 0},
-            {"id": 1, "op": "param", "index": 0},
-            {"id": 2, "op": "constant", "value": 0.0},
-            {"id": 3, "op": "abs", "args": [0]},
-            {"id": 4, "op": "le", "args": [3, 1]},  # NaN <= l is false: NaN stays NaN
-            {"id": 5, "op": "where", "args": [4, 2, 0]},
-        ],
-    }
     system = (
         "You write PyTorch ATen operators as expressions over a fixed vocabulary of elementwise "
         "functions, for a CUTLASS kernel compiler. Answer with one JSON object and nothing else. "
@@ -123,7 +126,7 @@ def messages(name: str) -> list[dict[str, str]]:
         "input_scale]. Be exact, including at branch points, +-0, +-inf and NaN."
     )
     user = (
-        f"Example, aten.hardshrink:\n{json.dumps(example)}\n\nWrite aten.{name}, schema: {schema}"
+        f"Example, aten.hardshrink:\n{json.dumps(EXAMPLE)}\n\nWrite aten.{name}, schema: {schema}"
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 

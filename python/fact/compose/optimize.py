@@ -1193,8 +1193,9 @@ def _optimize_once(
             ) from None
         graph_path = save_graph(graph, run / "graph.json")
         decisions_path = cache_root() / "decisions" / f"{key}.json"
+        graph_sha = graph_digest(graph)
         if saved is not None:
-            if graph_digest(graph) != saved["graph_sha256"]:
+            if graph_sha != saved["graph_sha256"]:
                 raise FactError(
                     f"{type(model).__name__} does not trace to the graph saved in "
                     f"{saved['folder']} (another model, other input shapes or dtypes, or another "
@@ -1273,7 +1274,7 @@ def _optimize_once(
         torch.set_float32_matmul_precision(previous)
     if use_cache and implementations is None and cached is None:
         _save_decisions(decisions_path, plan, decisions)
-    decided = {"plan": plan, "decisions": decisions, "graph_sha256": graph_digest(graph)}
+    decided = {"plan": plan, "decisions": decisions, "graph_sha256": graph_sha}
     saved_options = {
         "precision": precision,
         "arch": arch,
