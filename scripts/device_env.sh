@@ -18,3 +18,11 @@ mkdir -p "$FACT_DEVICE_OUT/r"
 trap 'cd "$FACT_DEVICE_OUT" && tar czf res.tgz r && rm -rf r' EXIT
 export OUT=$FACT_DEVICE_OUT/r
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv > "$OUT/smi.txt"
+
+# The held-out calls' start: the kernels compiled on the CPU machine (.device/kcache.tar.xz) into
+# the cache, and a new registry seeded with the shipped configs and lowerings.
+fact_device_seed() {
+  mkdir -p "$FACT_CACHE_DIR" && tar xJf .device/kcache.tar.xz -C "$FACT_CACHE_DIR"
+  [ -f "$FACT_REGISTRY" ] || { "$FACT_ENGINE" registry import data/registry_seed.json > /dev/null &&
+    python3 -m fact agent import data/lowerings.json > /dev/null; }
+}

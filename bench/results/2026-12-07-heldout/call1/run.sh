@@ -6,9 +6,7 @@
 # (.device/kcache.tar.xz, keys independent of paths).
 set -uo pipefail
 source scripts/device_env.sh
-mkdir -p "$FACT_CACHE_DIR" && tar xJf .device/kcache.tar.xz -C "$FACT_CACHE_DIR"
-[ -f "$FACT_REGISTRY" ] || { "$FACT_ENGINE" registry import data/registry_seed.json > /dev/null &&
-  python3 -m fact agent import data/lowerings.json > /dev/null; }
+fact_device_seed
 nvcc --version | tail -1; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 H=bench/heldout
 # PROBLEMS (names under bench/heldout/, or paths) narrows the list for a short lease.

@@ -3,9 +3,7 @@
 # (bf16), then the warm check: MiniGPT optimized again as a deep copy and as a rebuilt model.
 set -uo pipefail
 source scripts/device_env.sh
-mkdir -p "$FACT_CACHE_DIR" && tar xJf .device/kcache.tar.xz -C "$FACT_CACHE_DIR"
-[ -f "$FACT_REGISTRY" ] || { "$FACT_ENGINE" registry import data/registry_seed.json > /dev/null &&
-  python3 -m fact agent import data/lowerings.json > /dev/null; }
+fact_device_seed
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 timeout 330 python3 bench/heldout.py --out "$OUT/heldout" --runs "$RUNS/heldout" \
   bench/heldout/llama_stack.py examples/minigpt_block.py > "$OUT/heldout.log" 2>&1

@@ -5,9 +5,7 @@
 # the first-call latency of the loaded module and the lowered pattern's timings.
 set -uo pipefail
 source scripts/device_env.sh
-mkdir -p "$FACT_CACHE_DIR" && tar xJf .device/kcache.tar.xz -C "$FACT_CACHE_DIR"
-[ -f "$FACT_REGISTRY" ] || { "$FACT_ENGINE" registry import data/registry_seed.json > /dev/null &&
-  python3 -m fact agent import data/lowerings.json > /dev/null; }
+fact_device_seed
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 timeout "${T:-540}" scripts/gpu_tests.sh tests/python/test_compose_gpu.py -s -k \
   "in_place_tail or agent_lowerings or saved_module or generated_kernels_replace" \
