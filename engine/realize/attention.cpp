@@ -398,6 +398,7 @@ EmittedKernel emit_attention_sm90(const AttentionSpec& spec, const AttentionConf
                           std::to_string(spec.kernel_head_dim)},
       {"kernel_name", k.name},
       {"abi_exports", abi_exports(k.name, info.dump())},
+      {"tma_driver", templates::kTmaDriver},
       {"element", element_type(spec.dtype)},
       {"element_mma", tf32 ? "cutlass::tfloat32_t" : element_type(spec.dtype)},
       {"math", tf32 ? "TF32 MMAs (float32 matmul precision high or medium), fp32 accumulation and output"

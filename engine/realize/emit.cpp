@@ -617,6 +617,7 @@ void require_tf32_k_major(const GemmSpec& spec) {
 std::map<std::string, std::string> sm90_vars(const GemmConfig& c) {
   return {
       {"sm90_common", templates::kGemmSm90Common},
+      {"tma_driver", templates::kTmaDriver},
       {"cluster_m", std::to_string(c.cluster_m)},
       {"cluster_n", std::to_string(c.cluster_n)},
       {"stage_count",

@@ -278,8 +278,8 @@ TEST(Emit, OnlyKernelsThatWaitForTheirPredecessorLaunchAsItsDependents) {
                           "!defined(CUTLASS_GDC_ENABLED)\n#error"),
             std::string::npos);
   EXPECT_NE(k.source.find("constexpr bool kDependentLaunch = true;"), std::string::npos);
-  EXPECT_NE(k.source.find("return gemm.run(s, nullptr, dependent);"), std::string::npos);
-  EXPECT_NE(k.source.find("launch(gemm, s, p->pdl != 0)"), std::string::npos);
+  EXPECT_NE(k.source.find("return Gemm::run(params, s, nullptr, dependent);"), std::string::npos);
+  EXPECT_NE(k.source.find("kDependentLaunch && p->pdl != 0"), std::string::npos);
 
   // A scalar operand is read by every warp at kernel entry (CUTLASS's scalar broadcast node
   // loads it in its constructor), before any wait: that kernel launches plainly.
@@ -305,8 +305,28 @@ TEST(Emit, OnlyKernelsThatWaitForTheirPredecessorLaunchAsItsDependents) {
 
   const auto grouped = emit_gemm(GemmSpec::from_pattern(horizontal("bf16", true)), config(128, 128, 64, 2, 1, "cooperative", "group"));
   EXPECT_EQ(grouped.source.find("CUTLASS_ENABLE_GDC_FOR_SM90"), std::string::npos);
-  EXPECT_EQ(grouped.source.find("gemm.run(s, nullptr"), std::string::npos);
-  EXPECT_NE(grouped.source.find("gemm.run(s) != cutlass::Status::kSuccess"), std::string::npos);
+  EXPECT_NE(grouped.source.find("run_gemm(args, static_cast<char*>(workspace) + l.total, s, false)"),
+            std::string::npos);
+}
+
+// CUTLASS looks up the driver's TMA encode function before every descriptor of every launch
+// unless CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL is defined before its headers; the sm90
+// templates define it and the function (looked up once), and run CUTLASS's initialize() (which
+// sets the shared-memory attribute) once per device instead of at every launch.
+TEST(Emit, Sm90KernelsLookUpTheDriverOnceAndSetTheirAttributesOnce) {
+  const auto spec = GemmSpec::from_pattern(pattern("bf16", "row", "col", json::array({acc()}), {}, "acc"));
+  const auto grouped = emit_gemm(GemmSpec::from_pattern(horizontal("bf16", true)), config(128, 128, 64, 2, 1, "cooperative", "group"));
+  for (const auto& k : {emit_gemm_sm90(spec, config(128, 128, 64, 1, 1, "cooperative")), grouped}) {
+    const auto define = k.source.find("#define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1");
+    ASSERT_NE(define, std::string::npos) << k.name;
+    EXPECT_LT(define, k.source.find("#include \"cute/tensor.hpp\"")) << k.name;
+    EXPECT_NE(k.source.find("CUresult CUDAAPI cuTensorMapEncodeTiled("), std::string::npos) << k.name;
+    EXPECT_NE(k.source.find("std::call_once(flags[device]"), std::string::npos) << k.name;
+    EXPECT_NE(k.source.find("return Gemm::run(params, s, nullptr, dependent);"), std::string::npos) << k.name;
+  }
+  const auto sm80 = emit_gemm(GemmSpec::from_pattern(pattern("f32", "row", "col", json::array({acc()}), {}, "acc")),
+                              enumerate_multistage().at(0));
+  EXPECT_EQ(sm80.source.find("CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL"), std::string::npos);
 }
 
 TEST(Emit, GatedMlpLowersToTheGateGemmWithActTimesUp) {

@@ -7,6 +7,52 @@
 // Q, K, V and O are read and written through their own strides; grouped-query attention runs
 // one launch per query head of a group (each reads its K/V heads in place), the launches side
 // by side on streams forked from the caller's, so one launch's tail overlaps the others.
+// TMA descriptors without a driver lookup per launch (FACT's templates/tma_driver.cu.in).
+// CUTLASS encodes every TMA descriptor of a launch through cudaGetDriverEntryPointByVersion,
+// looked up again before each encode, unless CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL makes it call
+// the driver's functions by name. Linking libcuda for those names would make this library need
+// the driver to load (FACT loads kernel libraries on machines without a GPU), so it defines the
+// two functions itself, hidden like everything here that is not the C ABI, each looked up once.
+#define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+namespace fact_driver {
+template <class Fn>
+Fn entry_point(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // cleared: the encode reports the failure instead
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+}  // namespace fact_driver
+
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeTiled(
+    CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
+    const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
+    CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
+    CUtensorMapFloatOOBfill fill) {
+  static const auto fn = fact_driver::entry_point<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, box, element_strides, interleave, swizzle, promotion, fill);
+}
+
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeIm2col(
+    CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
+    const cuuint64_t* strides, const int* lower_corner, const int* upper_corner, cuuint32_t channels,
+    cuuint32_t pixels, const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion, CUtensorMapFloatOOBfill fill) {
+  static const auto fn = fact_driver::entry_point<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, lower_corner, upper_corner, channels, pixels,
+            element_strides, interleave, swizzle, promotion, fill);
+}
+
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -13,6 +13,52 @@
 // CUTLASS 4.2's stream-K scheduler does not compile with it (a const is_last_tile binds a
 // member to a non-const reference).
 #define CUTLASS_ENABLE_GDC_FOR_SM90 1
+// TMA descriptors without a driver lookup per launch (FACT's templates/tma_driver.cu.in).
+// CUTLASS encodes every TMA descriptor of a launch through cudaGetDriverEntryPointByVersion,
+// looked up again before each encode, unless CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL makes it call
+// the driver's functions by name. Linking libcuda for those names would make this library need
+// the driver to load (FACT loads kernel libraries on machines without a GPU), so it defines the
+// two functions itself, hidden like everything here that is not the C ABI, each looked up once.
+#define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+namespace fact_driver {
+template <class Fn>
+Fn entry_point(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // cleared: the encode reports the failure instead
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+}  // namespace fact_driver
+
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeTiled(
+    CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
+    const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
+    CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
+    CUtensorMapFloatOOBfill fill) {
+  static const auto fn = fact_driver::entry_point<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, box, element_strides, interleave, swizzle, promotion, fill);
+}
+
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeIm2col(
+    CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
+    const cuuint64_t* strides, const int* lower_corner, const int* upper_corner, cuuint32_t channels,
+    cuuint32_t pixels, const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion, CUtensorMapFloatOOBfill fill) {
+  static const auto fn = fact_driver::entry_point<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, lower_corner, upper_corner, channels, pixels,
+            element_strides, interleave, swizzle, promotion, fill);
+}
+
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -20,6 +66,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -169,6 +216,31 @@ int max_active_clusters(int device) {
   return n > 0 ? n : 0;
 }
 
+// CUTLASS's initialize() sets the kernel's shared-memory attribute at every launch (a driver
+// call); here it runs once per device, and each launch takes only its other steps.
+cutlass::Status initialize_once(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s) {
+  static std::once_flag flags[64];
+  static cutlass::Status results[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return cutlass::Status::kErrorInternal;
+  std::call_once(flags[device], [&] {
+    Gemm gemm;
+    results[device] = gemm.initialize(args, workspace, s);
+  });
+  return results[device];
+}
+
+// One launch: CUTLASS's initialize() (its attribute once per device) and run().
+cutlass::Status run_gemm(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s, bool dependent) {
+  if (const cutlass::Status once = initialize_once(args, workspace, s); once != cutlass::Status::kSuccess) {
+    return once;
+  }
+  const cutlass::Status status = GemmKernel::initialize_workspace(args, workspace, s);
+  if (status != cutlass::Status::kSuccess) return status;
+  auto params = GemmKernel::to_underlying_arguments(args, workspace);
+  return Gemm::run(params, s, nullptr, dependent);
+}
+
 // What this kernel refuses besides CUTLASS's own checks: null operands, launch knobs it lacks.
 int check_problem(const FactGemmArgs* p) {
   if (!p->operands[0]) return fail(FACT_INVALID_ARGS, "epilogue operand 0 (col) is null");
@@ -213,29 +285,8 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
 // the same in every GEMM kernel (FACT's templates/gemm_abi.cu.in).
 namespace {
 
-// As a programmatic dependent of the stream's previous kernel when asked and the template's
-// kernel waits for it (kDependentLaunch); CUTLASS 2's adapter has no such launch.
-template <class G>
-cutlass::Status launch(G& gemm, cudaStream_t s, bool dependent) {
-  if constexpr (kDependentLaunch) {
-    return gemm.run(s, nullptr, dependent);
-  } else {
-    (void)dependent;
-    return gemm.run(s);
-  }
-}
-
-}  // namespace
-
-extern "C" {
-
-__attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
-__attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_gemm_bf16_cc_0d8dddf34f_t128x128x64_c1x1_coop_tmacoop_sauto_persistent"; }
-__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[1,1],"epilogue_schedule":"tma_cooperative","kernel_schedule":"cooperative","math":"default","name":"t128x128x64_c1x1_coop_tmacoop_sauto_persistent","stages":0,"tile":[128,128,64],"tile_scheduler":"persistent"},"dtype_a":"bf16","dtype_b":"bf16","dtype_out":"bf16","epilogue":"clamp(leaky_relu((acc - op0) * op1, 0.2), 0, inf)","family":"gemm","layout_a":"col","layout_b":"col","operands":[{"dtype":"f32","kind":"col"},{"dtype":"f32","kind":"scalar"}]})FACTJSON"; }
-__attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
-
-__attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
-  typename Gemm::Arguments args;
+// The arguments for p, built and checked once per call: FACT_OK, or the failure fail() reported.
+int checked_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
   if (p->batch < 1) return fail(FACT_INVALID_ARGS, "batch must be at least 1");
   if (p->n_parts != 0) return fail(FACT_INVALID_ARGS, "parts given to a kernel that is not a grouped (horizontal) one");
@@ -249,6 +300,20 @@ __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGem
   return FACT_OK;
 }
 
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
+__attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_gemm_bf16_cc_0d8dddf34f_t128x128x64_c1x1_coop_tmacoop_sauto_persistent"; }
+__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[1,1],"epilogue_schedule":"tma_cooperative","kernel_schedule":"cooperative","math":"default","name":"t128x128x64_c1x1_coop_tmacoop_sauto_persistent","stages":0,"tile":[128,128,64],"tile_scheduler":"persistent"},"dtype_a":"bf16","dtype_b":"bf16","dtype_out":"bf16","epilogue":"clamp(leaky_relu((acc - op0) * op1, 0.2), 0, inf)","family":"gemm","layout_a":"col","layout_b":"col","operands":[{"dtype":"f32","kind":"col"},{"dtype":"f32","kind":"scalar"}]})FACTJSON"; }
+__attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
+
+__attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
+  typename Gemm::Arguments args;
+  return checked_arguments(p, args);
+}
+
 __attribute__((visibility("default"))) size_t fact_gemm_workspace_size(const FactGemmArgs* p) {
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return 0;
@@ -257,19 +322,19 @@ __attribute__((visibility("default"))) size_t fact_gemm_workspace_size(const Fac
 
 __attribute__((visibility("default"))) int fact_gemm_run(const FactGemmArgs* p, void* workspace,
                                                          size_t workspace_bytes, void* stream) {
-  const int ok = fact_gemm_can_implement(p);
-  if (ok != FACT_OK) return ok;
   typename Gemm::Arguments args;
-  build_arguments(p, args);
+  if (const int ok = checked_arguments(p, args); ok != FACT_OK) return ok;
   if (Gemm::get_workspace_size(args) > workspace_bytes) {
     return fail(FACT_WORKSPACE_TOO_SMALL, "workspace smaller than fact_gemm_workspace_size()");
   }
-  Gemm gemm;
-  auto s = static_cast<cudaStream_t>(stream);
-  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) {
-    return fail(FACT_CUDA_ERROR, "CUTLASS initialize failed");
+  // As a programmatic dependent of the stream's previous kernel when asked and the kernel waits
+  // for it (kDependentLaunch).
+  const cutlass::Status status =
+      run_gemm(args, workspace, static_cast<cudaStream_t>(stream), kDependentLaunch && p->pdl != 0);
+  if (status != cutlass::Status::kSuccess) {
+    const cudaError_t err = cudaGetLastError();
+    return fail(FACT_CUDA_ERROR, err != cudaSuccess ? cudaGetErrorString(err) : cutlass::cutlassGetStatusString(status));
   }
-  if (launch(gemm, s, p->pdl != 0) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
   return FACT_OK;

@@ -152,35 +152,21 @@ bool build_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   return true;
 }
 
+// One launch: CUTLASS 2's initialize() and run() (no programmatic dependent launch there).
+cutlass::Status run_gemm(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s, bool) {
+  Gemm gemm;
+  const cutlass::Status status = gemm.initialize(args, workspace, s);
+  return status != cutlass::Status::kSuccess ? status : gemm.run(s);
+}
+
 }  // namespace
 
 // The C ABI of fact_gemm_abi.h over the kernel's Gemm, build_arguments() and check_problem(),
 // the same in every GEMM kernel (FACT's templates/gemm_abi.cu.in).
 namespace {
 
-// As a programmatic dependent of the stream's previous kernel when asked and the template's
-// kernel waits for it (kDependentLaunch); CUTLASS 2's adapter has no such launch.
-template <class G>
-cutlass::Status launch(G& gemm, cudaStream_t s, bool dependent) {
-  if constexpr (kDependentLaunch) {
-    return gemm.run(s, nullptr, dependent);
-  } else {
-    (void)dependent;
-    return gemm.run(s);
-  }
-}
-
-}  // namespace
-
-extern "C" {
-
-__attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
-__attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_gemm_f32_rr_b99de5a21a_t128x128x16_c1x1_ms_evt_s4_grid_3xtf32"; }
-__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[1,1],"epilogue_schedule":"visitor","kernel_schedule":"multistage","math":"3xtf32","name":"t128x128x16_c1x1_ms_evt_s4_grid_3xtf32","stages":4,"tile":[128,128,16],"tile_scheduler":"grid"},"dtype_a":"f32","dtype_b":"f32","dtype_out":"f32","epilogue":"relu(((acc + op0) * op1) - op2) + op3","family":"gemm","layout_a":"row","layout_b":"row","math":"3xtf32","operands":[{"dtype":"f32","kind":"row"},{"dtype":"f32","kind":"col"},{"dtype":"f32","kind":"scalar"},{"dtype":"f32","kind":"full"}]})FACTJSON"; }
-__attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
-
-__attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
-  typename Gemm::Arguments args;
+// The arguments for p, built and checked once per call: FACT_OK, or the failure fail() reported.
+int checked_arguments(const FactGemmArgs* p, typename Gemm::Arguments& args) {
   if (!build_arguments(p, args)) return fail(FACT_INVALID_ARGS, "null operand pointer");
   if (p->batch < 1) return fail(FACT_INVALID_ARGS, "batch must be at least 1");
   if (p->n_parts != 0) return fail(FACT_INVALID_ARGS, "parts given to a kernel that is not a grouped (horizontal) one");
@@ -194,6 +180,20 @@ __attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGem
   return FACT_OK;
 }
 
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int fact_abi_version(void) { return FACT_ABI_VERSION; }
+__attribute__((visibility("default"))) const char* fact_kernel_name(void) { return "fact_gemm_f32_rr_b99de5a21a_t128x128x16_c1x1_ms_evt_s4_grid_3xtf32"; }
+__attribute__((visibility("default"))) const char* fact_kernel_info(void) { return R"FACTJSON({"config":{"cluster":[1,1],"epilogue_schedule":"visitor","kernel_schedule":"multistage","math":"3xtf32","name":"t128x128x16_c1x1_ms_evt_s4_grid_3xtf32","stages":4,"tile":[128,128,16],"tile_scheduler":"grid"},"dtype_a":"f32","dtype_b":"f32","dtype_out":"f32","epilogue":"relu(((acc + op0) * op1) - op2) + op3","family":"gemm","layout_a":"row","layout_b":"row","math":"3xtf32","operands":[{"dtype":"f32","kind":"row"},{"dtype":"f32","kind":"col"},{"dtype":"f32","kind":"scalar"},{"dtype":"f32","kind":"full"}]})FACTJSON"; }
+__attribute__((visibility("default"))) const char* fact_last_error(void) { return g_error; }
+
+__attribute__((visibility("default"))) int fact_gemm_can_implement(const FactGemmArgs* p) {
+  typename Gemm::Arguments args;
+  return checked_arguments(p, args);
+}
+
 __attribute__((visibility("default"))) size_t fact_gemm_workspace_size(const FactGemmArgs* p) {
   typename Gemm::Arguments args;
   if (!build_arguments(p, args)) return 0;
@@ -202,19 +202,19 @@ __attribute__((visibility("default"))) size_t fact_gemm_workspace_size(const Fac
 
 __attribute__((visibility("default"))) int fact_gemm_run(const FactGemmArgs* p, void* workspace,
                                                          size_t workspace_bytes, void* stream) {
-  const int ok = fact_gemm_can_implement(p);
-  if (ok != FACT_OK) return ok;
   typename Gemm::Arguments args;
-  build_arguments(p, args);
+  if (const int ok = checked_arguments(p, args); ok != FACT_OK) return ok;
   if (Gemm::get_workspace_size(args) > workspace_bytes) {
     return fail(FACT_WORKSPACE_TOO_SMALL, "workspace smaller than fact_gemm_workspace_size()");
   }
-  Gemm gemm;
-  auto s = static_cast<cudaStream_t>(stream);
-  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) {
-    return fail(FACT_CUDA_ERROR, "CUTLASS initialize failed");
+  // As a programmatic dependent of the stream's previous kernel when asked and the kernel waits
+  // for it (kDependentLaunch).
+  const cutlass::Status status =
+      run_gemm(args, workspace, static_cast<cudaStream_t>(stream), kDependentLaunch && p->pdl != 0);
+  if (status != cutlass::Status::kSuccess) {
+    const cudaError_t err = cudaGetLastError();
+    return fail(FACT_CUDA_ERROR, err != cudaSuccess ? cudaGetErrorString(err) : cutlass::cutlassGetStatusString(status));
   }
-  if (launch(gemm, s, p->pdl != 0) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
   return FACT_OK;

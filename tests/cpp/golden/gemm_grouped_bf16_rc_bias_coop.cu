@@ -5,6 +5,52 @@
 // over the tiles of every part. The parts share A; each has its own B (the model's weight, read
 // in place), D and bias, so no weight is ever concatenated. The epilogue is an epilogue visitor
 // tree whose root computes the pattern's expression.
+// TMA descriptors without a driver lookup per launch (FACT's templates/tma_driver.cu.in).
+// CUTLASS encodes every TMA descriptor of a launch through cudaGetDriverEntryPointByVersion,
+// looked up again before each encode, unless CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL makes it call
+// the driver's functions by name. Linking libcuda for those names would make this library need
+// the driver to load (FACT loads kernel libraries on machines without a GPU), so it defines the
+// two functions itself, hidden like everything here that is not the C ABI, each looked up once.
+#define CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL 1
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+namespace fact_driver {
+template <class Fn>
+Fn entry_point(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // cleared: the encode reports the failure instead
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+}  // namespace fact_driver
+
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeTiled(
+    CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
+    const cuuint64_t* strides, const cuuint32_t* box, const cuuint32_t* element_strides,
+    CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
+    CUtensorMapFloatOOBfill fill) {
+  static const auto fn = fact_driver::entry_point<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, box, element_strides, interleave, swizzle, promotion, fill);
+}
+
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeIm2col(
+    CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address, const cuuint64_t* dims,
+    const cuuint64_t* strides, const int* lower_corner, const int* upper_corner, cuuint32_t channels,
+    cuuint32_t pixels, const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion, CUtensorMapFloatOOBfill fill) {
+  static const auto fn = fact_driver::entry_point<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, lower_corner, upper_corner, channels, pixels,
+            element_strides, interleave, swizzle, promotion, fill);
+}
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +60,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -147,6 +194,31 @@ int max_active_clusters(int device) {
     known[device].store(n, std::memory_order_relaxed);
   }
   return n > 0 ? n : 0;
+}
+
+// CUTLASS's initialize() sets the kernel's shared-memory attribute at every launch (a driver
+// call); here it runs once per device, and each launch takes only its other steps.
+cutlass::Status initialize_once(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s) {
+  static std::once_flag flags[64];
+  static cutlass::Status results[64];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return cutlass::Status::kErrorInternal;
+  std::call_once(flags[device], [&] {
+    Gemm gemm;
+    results[device] = gemm.initialize(args, workspace, s);
+  });
+  return results[device];
+}
+
+// One launch: CUTLASS's initialize() (its attribute once per device) and run().
+cutlass::Status run_gemm(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s, bool dependent) {
+  if (const cutlass::Status once = initialize_once(args, workspace, s); once != cutlass::Status::kSuccess) {
+    return once;
+  }
+  const cutlass::Status status = GemmKernel::initialize_workspace(args, workspace, s);
+  if (status != cutlass::Status::kSuccess) return status;
+  auto params = GemmKernel::to_underlying_arguments(args, workspace);
+  return Gemm::run(params, s, nullptr, dependent);
 }
 
 }  // namespace
@@ -363,13 +435,10 @@ __attribute__((visibility("default"))) int fact_gemm_run(const FactGemmArgs* p, 
   const int fill_blocks = static_cast<int>(std::min<int64_t>(64, (fill_items + fill_threads - 1) / fill_threads));
   fill_parts<<<fill_blocks, fill_threads, 0, s>>>(parts, l, static_cast<char*>(workspace));
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
-  Gemm gemm;
-  if (gemm.initialize(args, static_cast<char*>(workspace) + l.total, s) != cutlass::Status::kSuccess) {
-    return fail(FACT_CUDA_ERROR, "CUTLASS initialize failed");
-  }
   // A plain launch whatever p->pdl says: CUTLASS's grouped (array) kernels do not wait for a
   // predecessor, and fill_parts must have written the workspace first.
-  if (gemm.run(s) != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, "CUTLASS run failed");
+  const cutlass::Status status = run_gemm(args, static_cast<char*>(workspace) + l.total, s, false);
+  if (status != cutlass::Status::kSuccess) return fail(FACT_CUDA_ERROR, cutlass::cutlassGetStatusString(status));
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return fail(FACT_CUDA_ERROR, cudaGetErrorString(err));
   return FACT_OK;
