@@ -48,7 +48,7 @@ struct CompileResult {
 // they appear, without the mangled function name: "C7511: wgmma.mma_async instructions are
 // serialized due to insufficient register resources for the wgmma pipeline". A kernel that
 // draws one builds and verifies, but its WGMMAs wait on each other or on injected fences: the
-// fourteenth session's FMHA variants with such serialization ran 13-40 % slower.
+// FMHA variants with such serialization ran 13-40 % slower (bench/README.md, "three more levers").
 std::vector<std::string> ptxas_advisories(const std::string& log);
 
 // Where CUTLASS lives: `hint`, else $CUTLASS_DIR. UserError when neither is set or the directory

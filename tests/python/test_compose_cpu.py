@@ -2121,10 +2121,12 @@ def test_inputs_named_like_builtins_can_be_replaced(engine_available, tmp_path):
 
 
 def test_calls_unlike_the_build_run_the_original_module(engine_available, tmp_path):
+    """With new_sizes="original" (test_sizes.py has the default, which optimizes for them)."""
     torch.manual_seed(23)
     model, x = SmallGelu().eval(), torch.randn(4, 32)
     opt = fact.optimize(model, [x], implementations=reference_twins, require_faster=False,
-                        use_cache=False, run_dir=tmp_path / "r", quiet=True)  # fmt: skip
+                        use_cache=False, run_dir=tmp_path / "r", quiet=True,
+                        new_sizes="original")  # fmt: skip
     assert rel_err(opt(x), eager(model, x)) < 1e-6
     other = torch.randn(8, 32)  # another batch size: the kernels' views were built for 4
     with pytest.warns(UserWarning, match="optimized for other input shapes"):

@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -199,20 +200,92 @@ class OptimizedModule(nn.Module):
         # What the kernels were built for: shapes, dtypes and devices of inputs and state.
         flat = program.flatten(example) if example else []
         object.__setattr__(self, "_built_for", _signature(flat, program.state_inputs()))
+        # Input sizes optimized since (prepare): signature -> module; and how a call at sizes
+        # not prepared is served (new_sizes: "optimize" | "original" | "error").
+        object.__setattr__(self, "_variants", {})
+        object.__setattr__(self, "_grow", None)
+        self.new_sizes = "original"
 
-    def _unlike_build(self, flat: Sequence[Any], state: Sequence[Any]) -> bool:
-        """True (with a warning, once) when inputs or parameters no longer match the build."""
-        if _signature(flat, state) == self._built_for:
-            return False
+    def prepare(self, *example: Any) -> OptimizedModule:
+        """Optimize for the sizes of these inputs (same dtypes, devices and other arguments as
+        the example optimize had, other sizes) now, rather than at the first call that has
+        them: the kernels come from the cache (they do not depend on sizes), and a pattern
+        whose sizes fall in the power-of-two buckets of one timed before reuses its ranking.
+        Returns the module those calls run."""
+        program = self._program
+        flat = program.flatten(example)
+        state = program.state_inputs()
+        sig = _signature(flat, state)
+        if sig == self._built_for:
+            return self
+        if sig in self._variants:
+            return self._variants[sig]
+        why = self._why_not_sizes(flat, state)
+        if why:
+            raise FactError(f"prepare() takes inputs that differ only in their sizes: {why}")
+        if self._grow is None:
+            raise FactError(
+                "this module cannot optimize for other sizes (it was loaded with fact.load, or "
+                "built by the torch.compile backend): optimize the model again for them"
+            )
+        variant = self._grow(list(example))
+        self._variants[sig] = variant
+        return variant
+
+    def _why_not_sizes(self, flat: Sequence[Any], state: Sequence[Any]) -> str:
+        """'' when flat and state differ from the build in tensor sizes alone; else what else
+        differs (a dtype, a device, a number of dimensions, a non-tensor argument, the
+        parameters)."""
+        built = self._built_for
+        if built is None:
+            return "the module was built without an example"
+        now = _signature(flat, state)
+        n = len(flat)
+        if len(now) != len(built) or now[n:] != built[n:]:
+            return "the parameters or buffers changed dtype, device or shape since optimize"
+        names = self._program.user_inputs
+        for i, (a, b) in enumerate(zip(now[:n], built[:n], strict=True)):
+            name = names[i] if i < len(names) else f"input {i}"
+            if a[0] == "value" or b[0] == "value":
+                if a != b:
+                    return f"{name} is {a[1]}, not {b[1]} as in the example"
+            elif a[1:] != b[1:] or len(a[0]) != len(b[0]):
+                return (
+                    f"{name} is a {len(a[0])}-d {a[1]} tensor on {a[2]}, not a {len(b[0])}-d "
+                    f"{b[1]} tensor on {b[2]} as in the example"
+                )
+        return ""
+
+    def _variant(
+        self, flat: Sequence[Any], state: Sequence[Any], args: tuple, kwargs: dict
+    ) -> OptimizedModule | None:
+        """The module for a call whose inputs are not the build's: one prepared for its sizes
+        (prepared now when new_sizes is "optimize"), or None (with a warning, once) to run the
+        original module."""
+        variant = self._variants.get(_signature(flat, state))
+        if variant is not None:
+            return variant
+        why = self._why_not_sizes(flat, state)
+        if not why and self._grow is not None and self.new_sizes == "error":
+            raise FactError(
+                f"FACT: this call's input sizes ({_sizes_text(flat, self._program)}) were not "
+                "prepared (new_sizes='error'): call opt.prepare(*inputs) for them first, or "
+                "optimize with other_sizes=[...]"
+            )
+        if not why and self._grow is not None and self.new_sizes == "optimize":
+            if kwargs or self._program._plain_arity is None:
+                why = "inputs passed by keyword or nested in containers"
+            else:
+                return self.prepare(*args)
         self._warn_once(
             "unlike",
             "FACT: this module was optimized for other input shapes, dtypes or devices, or "
             "other values of its non-tensor arguments (or its parameters changed dtype or "
-            "device since); it runs the original module for such calls. Optimize again for "
-            "the new ones.",
+            f"device since): {why or f'new sizes are not optimized (new_sizes={self.new_sizes!r})'}"
+            "; it runs the original module for such calls. Optimize again for the new ones.",
             stacklevel=5,
         )
-        return True
+        return None
 
     def _warn_once(self, what: str, message: str, stacklevel: int) -> None:
         """Warn the first time a call runs the original for this reason, not every call."""
@@ -232,9 +305,11 @@ class OptimizedModule(nn.Module):
         the original's buffers): the copy captures its own at its first call."""
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        state = {k: v for k, v in self.__dict__.items() if k != "_replay"}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_replay", "_grow")}
         new.__setstate__(copy.deepcopy(state, memo))
         object.__setattr__(new, "_replay", None)
+        # optimize's closure would optimize the original model for new sizes, not the copy's
+        object.__setattr__(new, "_grow", None)
         return new
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -284,8 +359,11 @@ class OptimizedModule(nn.Module):
             self._warn_once("call", f"FACT: {unlike}; this call runs the original module", 4)
             return self.original(*args, **kwargs)
         state = program.state_inputs()  # once per call: guard, replay key, graph
-        if self._built_for is not None and self._unlike_build(flat, state):
-            return self.original(*args, **kwargs)
+        if self._built_for is not None and _signature(flat, state) != self._built_for:
+            variant = self._variant(flat, state, args, kwargs)
+            if variant is None:
+                return self.original(*args, **kwargs)
+            return variant._forward(args, kwargs)
         if program.watched:
             stale = program.stale_buffers()
             if stale:
@@ -357,6 +435,15 @@ def _signature(flat: Sequence[Any], state: Sequence[Any]) -> tuple | None:
     return tuple(
         (tuple(t.shape), t.dtype, t.device) if isinstance(t, torch.Tensor) else ("value", repr(t))
         for t in [*flat, *state]
+    )
+
+
+def _sizes_text(flat: Sequence[Any], program: Program) -> str:
+    names = program.user_inputs
+    return ", ".join(
+        f"{names[i] if i < len(names) else i}: {list(t.shape)}"
+        for i, t in enumerate(flat)
+        if isinstance(t, torch.Tensor)
     )
 
 
@@ -493,6 +580,7 @@ def choose(
     tol: float,
     require_faster: bool,
     progress: Progress,
+    timed: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Step 4: one decision per plan pattern. Every verified implementation and the PyTorch
     subgraph take turns under both timing protocols (fact.timing); with `require_faster` an
@@ -501,9 +589,12 @@ def choose(
 
     Patterns with the same signature, problem and operand layouts (the layers of a model) are
     timed once: the first of them is timed, and the others reuse its ranking after their own
-    implementations verified on their own values."""
+    implementations verified on their own values. `timed` carries those timings from one
+    optimize to the next of the same module at other input sizes (OptimizedModule.prepare):
+    there a pattern whose sizes fall in the same power-of-two buckets (size_bucket_class) as
+    one timed before reuses its ranking too."""
     decisions = []
-    timed: dict[str, dict[str, Any]] = {}  # pattern class -> the first decision's timings
+    timed = {} if timed is None else timed  # pattern class or size bucket -> timings
     for index, pattern in enumerate(plan.get("patterns") or []):
         d: dict[str, Any] = {
             "index": index,
@@ -539,14 +630,19 @@ def choose(
             d["candidates"].append(c)
             if run is not None:
                 runs[i] = run
-        key = pattern_class(pattern, [impl.name for impl in options])
-        same = timed.get(key)
+        names = [impl.name for impl in options]
+        key, bucket = pattern_class(pattern, names), size_bucket_class(pattern, names)
+        same = timed.get(key) or timed.get(bucket)
         if same is not None:
+            exact = same["key"] == key
+            alike = "the same problem" if exact else f"the same size bucket ({same['problem']})"
             progress(
                 f"checked pattern {index} {pattern.get('signature')} ({len(options)} options): "
-                f"times of pattern {same['index']}, the same problem"
+                f"times of pattern {same['index']}, {alike}"
             )
             d["timed_as"] = same["index"]
+            if not exact:
+                d["timed_at"] = same["problem"]
             times = same["times"]
         else:
             progress(
@@ -562,7 +658,13 @@ def choose(
                 continue
             for i, why in failed.items():  # a candidate that failed while it was timed
                 d["candidates"][i].update(ok=False, message=f"failed while timed: {why}")
-            timed[key] = {"index": index, "times": times}
+            timed[key] = {
+                "index": index,
+                "times": times,
+                "key": key,
+                "problem": pattern.get("problem"),
+            }
+            timed.setdefault(bucket, timed[key])
         base = times["pytorch"]
         d["eager_us"] = base.per_call_us
         d["eager_timing"] = base.as_dict()
@@ -602,6 +704,47 @@ def pattern_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) ->
     """What makes two patterns the same work: family, signature, problem, epilogue (its SSA),
     operand types and broadcasts and attributes, without node names; and the same
     implementations on offer. Patterns of one class share timings (choose)."""
+    return json.dumps(_class_fields(pattern, impl_names), sort_keys=True, default=str)
+
+
+def size_bucket(n: int) -> int:
+    """The power of two at or above n: sizes in one bucket share a ranking of kernels."""
+    return 1 << max(0, n - 1).bit_length() if n > 0 else n
+
+
+def size_bucket_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) -> str:
+    """pattern_class with the sizes rounded up to their power-of-two buckets: the same work at
+    a nearby size, whose kernels rank alike (1000 rows and 1024). The problem's and the
+    attributes' numbers are bucketed; operands keep their dtype, rank and which of their
+    strides are unit (the layout), not their sizes, which the problem already carries."""
+
+    def bucketed(v: Any) -> Any:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, int):
+            return size_bucket(v)
+        if isinstance(v, list):
+            return [bucketed(x) for x in v]
+        if isinstance(v, dict):
+            return {k: bucketed(x) for k, x in v.items()}
+        return v
+
+    def operand(o: Mapping[str, Any]) -> dict[str, Any]:
+        rank = lambda m: f"[{len([d for d in m.group(1).split(',') if d.strip()])}-d]"  # noqa: E731
+        return dict(
+            o,
+            type=re.sub(r"\[([0-9, ]*)\]", rank, str(o.get("type"))),
+            strides=[s == 1 for s in o.get("strides") or []],
+        )
+
+    fields = _class_fields(pattern, impl_names)
+    fields["problem"] = bucketed(fields["problem"])
+    fields["attrs"] = bucketed(fields["attrs"])
+    fields["operands"] = [operand(o) for o in fields["operands"]]
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def _class_fields(pattern: Mapping[str, Any], impl_names: Sequence[str]) -> dict[str, Any]:
     operands = [
         {
             "role": o.get("role") if o.get("role") in STRUCTURAL_ROLES else "operand",
@@ -637,7 +780,7 @@ def pattern_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) ->
         "attrs": attrs,
         "impls": list(impl_names),
     }
-    return json.dumps(key, sort_keys=True, default=str)
+    return key
 
 
 #: Operand roles that say what an operand is (others are the names of epilogue operands' nodes)
@@ -1052,9 +1195,19 @@ def optimize(
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None = None,
     fold_norms: bool = False,
     agent: str | Mapping[str, Any] | None = None,
+    other_sizes: Sequence[Sequence[Any] | torch.Tensor] = (),
+    new_sizes: str = "optimize",
 ) -> OptimizedModule:
     """Return a module computing `model`'s function with FACT's kernels where they verify and
     win, PyTorch everywhere else. See the module docstring for the steps.
+
+    other_sizes: example inputs at other sizes (other batch or sequence lengths; the same
+    dtypes and devices) to optimize for now as well, with the same kernels. new_sizes: what a
+    call at sizes not optimized for does: "optimize" (default) for them then, once (kernels
+    from the cache, nothing compiled for sizes alone; patterns whose sizes share power-of-two
+    buckets with ones timed before reuse their ranking), "original" to run the original module
+    (with a warning), or "error" to raise. OptimizedModule.prepare(*inputs) does the first ahead
+    of time.
 
     precision: the float32 matmul precision to honour (default: torch's current setting).
     candidates: kernels compiled per GEMM pattern. run_dir: where the plan, kernels, logs and
@@ -1064,13 +1217,17 @@ def optimize(
     fold_norms: fold LayerNorms into the GEMMs after them (fact.folds) where FACT's kernels can
     run them; when a fold's kernels are not chosen, the module is planned again without that
     fold (and any other that failed). Off by default: on the H200 the folded MiniGPT block
-    measured no faster in bf16 or fp32 `highest` (bench/README.md, nineteenth session).
+    measured no faster in bf16 or fp32 `highest` (bench/README.md, "LayerNorm folds").
 
     agent: off (None) by default. "live", "record" or "replay" (or a dict with "mode",
     "max_calls", "max_tokens", "max_seconds", or "answers": a file of pasted answers) first
     asks fact.agent for lowerings of the ops the catalog lacks; what its gates accept is
     planned like any op (and kept in the registry for later runs, which need no agent).
     """
+    from fact.tracer import example_list
+
+    if new_sizes not in NEW_SIZES:
+        raise FactError(f"new_sizes must be one of {NEW_SIZES}, not {new_sizes!r}")
     progress = Progress(quiet)
     options = {
         "precision": precision,
@@ -1080,16 +1237,71 @@ def optimize(
         "use_cache": use_cache,
         "require_faster": require_faster,
         "implementations": implementations,
-        "agent": agent,
+        "fold_norms": fold_norms,
+        # pattern class or size bucket -> timings, shared by the optimizes of other sizes
+        "timed": {},
     }
+    opt = _optimize_folds(model, example_inputs, progress, run_dir, dict(options, agent=agent))
+    sizes: list[dict[str, Any]] = []
+
+    def grow(example: list[Any]) -> OptimizedModule:
+        started = time.perf_counter()
+        shapes = _sizes_text(example, opt._program)
+        progress(f"optimizing for new input sizes ({shapes}), with the kernels of the cache")
+        where = Path(run_dir) / f"sizes-{len(sizes) + 1}" if run_dir is not None else None
+        variant = _optimize_folds(model, example, progress, where, options)
+        seconds = round(time.perf_counter() - started, 2)
+        sizes.append(
+            {
+                "inputs": shapes,
+                "seconds": seconds,
+                "replaced": variant.report["replaced"],
+                "patterns": len(variant.report["patterns"]),
+                "compiled": _compiled_count(Path(variant.report["run_dir"])),
+                "timed_elsewhere": sum(
+                    1 for p in variant.report["patterns"] if p.get("timed_at") is not None
+                ),
+                "runs": "original" if variant.use_original else "FACT",
+                "run_dir": variant.report["run_dir"],
+            }
+        )
+        opt.report["sizes"] = sizes
+        return variant
+
+    object.__setattr__(opt, "_grow", grow)
+    opt.new_sizes = new_sizes
+    for other in other_sizes:
+        opt.prepare(*example_list(other))
+    return opt
+
+
+def _compiled_count(run: Path) -> int:
+    """Kernels the engine compiled for a run (not taken from the cache)."""
+    manifest = run / "manifest.json"
+    if not manifest.is_file():
+        return 0
+    return sum(1 for e in json.loads(manifest.read_text()) if e.get("status") == "compiled")
+
+
+#: What a call at input sizes the module was not optimized for does (optimize's new_sizes).
+NEW_SIZES = ("optimize", "original", "error")
+
+
+def _optimize_folds(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | torch.Tensor,
+    progress: Progress,
+    run_dir: str | os.PathLike[str] | None,
+    options: Mapping[str, Any],
+) -> OptimizedModule:
+    """_optimize_once, and again without the LayerNorm folds that did not pay."""
     started = time.perf_counter()
     skip: dict[str, str] = {}  # folds that did not pay: norm -> why
     attempt, replans = run_dir, 0
     while True:
         opt, dropped = _optimize_once(
-            model, example_inputs, progress, attempt, started, fold_norms=fold_norms,
-            fold_skip=skip, **options,
-        )  # fmt: skip
+            model, example_inputs, progress, attempt, started, fold_skip=skip, **options
+        )
         if opt is not None:
             return opt
         for norm, why in dropped.items():  # each round drops at least one more fold
@@ -1119,6 +1331,7 @@ def _optimize_once(
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None,
     agent: str | Mapping[str, Any] | None = None,
     saved: Mapping[str, Any] | None = None,
+    timed: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[OptimizedModule | None, dict[str, str]]:
     """One pass of optimize (from `started`), with LayerNorm folds (but those in `fold_skip`,
     which did not pay before) or without. Returns the module, or None and the folds it made
@@ -1252,8 +1465,9 @@ def _optimize_once(
                 opts += library_impls(pattern, device)
                 options[index] = opts
             decisions = choose(
-                program, plan, options, values, device, tol_pattern, require_faster, progress
-            )
+                program, plan, options, values, device, tol_pattern, require_faster, progress,
+                timed,
+            )  # fmt: skip
             for d in decisions:
                 rows = tuned.get(d["index"]) or []
                 kernels_note = _realize_note(run, d["index"], rows)

@@ -67,6 +67,13 @@ def save(opt: Any, folder: str | os.PathLike[str]) -> Path:
             f"fact.save takes a module fact.optimize returned, not {type(opt).__name__}"
         )
     decided = opt._decided
+    if opt._variants:
+        warnings.warn(
+            f"fact.save keeps the module at its example's sizes; the {len(opt._variants)} other "
+            "sizes it was optimized for (other_sizes, prepare) are not saved, and the loaded "
+            "module runs the original at them",
+            stacklevel=2,
+        )
     out = Path(folder)
     if out.exists() and not (out / "module.json").is_file() and any(out.iterdir()):
         raise FactError(
