@@ -209,17 +209,20 @@ int max_active_clusters(int device) {
 }
 
 // CUTLASS's initialize() sets the kernel's shared-memory attribute at every launch (a driver
-// call); here it runs once per device, and each launch takes only its other steps.
+// call); here it runs until it first succeeds on a device, and each launch takes only its other
+// steps. A failure is not kept: the next launch tries again.
 cutlass::Status initialize_once(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s) {
-  static std::once_flag flags[64];
-  static cutlass::Status results[64];
+  static std::atomic<bool> done[64];
+  static std::mutex lock;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return cutlass::Status::kErrorInternal;
-  std::call_once(flags[device], [&] {
-    Gemm gemm;
-    results[device] = gemm.initialize(args, workspace, s);
-  });
-  return results[device];
+  if (done[device].load(std::memory_order_acquire)) return cutlass::Status::kSuccess;
+  std::lock_guard<std::mutex> guard(lock);
+  if (done[device].load(std::memory_order_relaxed)) return cutlass::Status::kSuccess;
+  Gemm gemm;
+  const cutlass::Status status = gemm.initialize(args, workspace, s);
+  if (status == cutlass::Status::kSuccess) done[device].store(true, std::memory_order_release);
+  return status;
 }
 
 // One launch: CUTLASS's initialize() (its attribute once per device) and run().
