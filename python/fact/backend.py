@@ -158,27 +158,51 @@ def fact_backend(
             stacklevel=2,
         )
         return gm.forward
-    if any(_symbolic(t) for t in example_inputs):
-        warnings.warn(
-            "FACT optimizes graphs of static shapes; Dynamo made this one's sizes symbolic (a "
-            "call with new sizes recompiled it), so it runs as captured. Use "
-            "torch.compile(model, backend='fact', dynamic=False) to optimize each shape",
-            stacklevel=2,
-        )
-        return gm.forward
     settings.setdefault("quiet", True)
+    if any(_symbolic(t) for t in example_inputs):
+        return _per_size(gm, settings)
+    return _optimized_graph(gm, example_inputs, settings)
+
+
+def _optimized_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], settings: Mapping[str, Any]
+) -> Callable:
+    """The graph optimized for these inputs' shapes, as a call on the graph's inputs; the
+    captured graph (with a warning) where FACT cannot optimize it."""
     try:
         module = CapturedGraph(gm, example_inputs)
         user = [_real(t) for t in module.user_inputs(example_inputs)]
         opt = optimize_mod.optimize(module, user, **settings)  # looked up now: tests replace it
     except Exception as exc:  # noqa: BLE001 - whatever fails, the model must still run
-        warnings.warn(f"FACT could not optimize a graph; it runs as captured: {exc}", stacklevel=2)
+        warnings.warn(f"FACT could not optimize a graph; it runs as captured: {exc}", stacklevel=3)
         return gm.forward
 
     def run(*args: Any) -> Any:
         return opt(*module.user_inputs(args))
 
     run.optimized = opt  # type: ignore[attr-defined]  # the OptimizedModule, for inspection
+    return run
+
+
+def _per_size(gm: torch.fx.GraphModule, settings: Mapping[str, Any]) -> Callable:
+    """A graph Dynamo made dynamic (a call with new sizes recompiled it with symbolic sizes):
+    optimized for each concrete set of sizes at its first call, as fact.optimize does for new
+    sizes (the kernels come from the cache; nothing is compiled for sizes alone). Its symbolic
+    sizes arrive as integers, which each optimized graph takes as constants."""
+    sized = dict(settings, new_sizes="original")  # this table, not the module, keys the sizes
+    built: dict[tuple, Callable] = {}
+
+    def run(*args: Any) -> Any:
+        key = tuple(
+            (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
+            for a in args
+        )
+        fn = built.get(key)
+        if fn is None:
+            fn = built[key] = _optimized_graph(gm, list(args), sized)
+        return fn(*args)
+
+    run.sizes = built  # type: ignore[attr-defined]  # sizes -> optimized call, for inspection
     return run
 
 

@@ -1943,19 +1943,30 @@ def test_torch_compile_backend_options_and_mode(engine_available, dynamo_reset, 
         )
 
 
-def test_torch_compile_backend_with_new_sizes(engine_available, dynamo_reset):
-    """A call with another batch size: Dynamo recompiles with symbolic sizes, which FACT does
-    not optimize (it says how to get one graph per shape); dynamic=False optimizes each."""
+def test_torch_compile_backend_with_new_sizes(engine_available, dynamo_reset, monkeypatch):
+    """A call with another batch size: Dynamo recompiles with symbolic sizes, and FACT
+    optimizes that graph for each concrete size at its first call (once per size);
+    dynamic=False gives one graph per shape, each optimized."""
     import fact.backend  # noqa: F401
+    import fact.compose.optimize as optimize_mod
 
+    shapes = []
+    real_optimize = optimize_mod.optimize
+
+    def spy(module, user, **kw):
+        shapes.append([tuple(t.shape) for t in user if isinstance(t, torch.Tensor)])
+        return real_optimize(module, user, **kw)
+
+    monkeypatch.setattr(optimize_mod, "optimize", spy)
     torch.manual_seed(43)
     model = SmallGelu().eval()
-    x4, x8 = torch.randn(4, 32), torch.randn(8, 32)
+    x4, x8, x6 = torch.randn(4, 32), torch.randn(8, 32), torch.randn(6, 32)
     compiled = torch.compile(model, backend="fact")
-    with torch.no_grad():
-        assert rel_err(compiled(x4), model(x4)) < 1e-6
-        with pytest.warns(UserWarning, match=r"static shapes.*dynamic=False"):
-            assert rel_err(compiled(x8), model(x8)) < 1e-6
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")  # no "runs as captured"
+        for x in (x4, x8, x6, x8):
+            assert rel_err(compiled(x), model(x)) < 1e-6
+    assert shapes == [[(4, 32)], [(8, 32)], [(6, 32)]], shapes
     torch._dynamo.reset()
     static = torch.compile(model, backend="fact", dynamic=False)
     with warnings.catch_warnings(), torch.no_grad():
