@@ -28,8 +28,9 @@ A fold only pays when its kernels run: `fact.optimize` checks after choosing tha
 and every folded GEMM (with its whole epilogue) run as FACT kernels, and plans the module again
 without the folds that fail (`kept`).
 
-Measured (bench/README.md, "the LayerNorm folds measured"; H200, MiniGPT block, cold caches): the folds do
-not pay there, so they are off by default (`fact.optimize(fold_norms=True)`, `--fold-norms`).
+Measured (bench/README.md, "the LayerNorm folds measured"; H200, MiniGPT block, cold caches):
+the folds do not pay there, so they are off by default (`fact.optimize(fold_norms=True)`,
+`--fold-norms`).
 In bf16 the statistics kernel took 0.045 ms against the LayerNorm's 0.053 (its one 32-thread
 block per row reads 100 MB at 2.2 TB/s), and the folded GEMMs' heavier epilogues cost more than
 that (0.490 against 0.464 ms with GELU, 0.344 against 0.331): the block ran 1.815 ms folded,
