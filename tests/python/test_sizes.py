@@ -141,3 +141,26 @@ def test_only_sizes_may_differ(engine_available, tmp_path):
     assert not opt._variants
     with pytest.raises(FactError, match="new_sizes must be one of"):
         optimize(model, torch.randn(2, 16, 32), tmp_path, new_sizes="sometimes")
+
+
+def test_a_size_that_fails_to_optimize_runs_the_original_and_is_not_tried_again(
+    engine_available, tmp_path
+):
+    torch.manual_seed(5)
+    model = Mlp().eval()
+    opt = optimize(model, torch.randn(2, 16, 32), tmp_path)
+    tries = []
+
+    def broken(example):
+        tries.append(example)
+        raise FactError("no plan today")
+
+    object.__setattr__(opt, "_grow", broken)
+    y = torch.randn(2, 24, 32)
+    with pytest.warns(UserWarning, match=r"sizes x: \[2, 24, 32\] failed \(FactError: no plan"):
+        out = opt(y)
+    assert rel_err(out, eager(model, y)) < 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert rel_err(opt(y), eager(model, y)) < 1e-6
+    assert len(tries) == 1 and not opt._variants

@@ -203,6 +203,7 @@ class OptimizedModule(nn.Module):
         # Input sizes optimized since (prepare): signature -> module; and how a call at sizes
         # not prepared is served (new_sizes: "optimize" | "original" | "error").
         object.__setattr__(self, "_variants", {})
+        object.__setattr__(self, "_failed_sizes", {})  # signature -> why (not tried again)
         object.__setattr__(self, "_grow", None)
         self.new_sizes = "original"
 
@@ -262,7 +263,8 @@ class OptimizedModule(nn.Module):
         """The module for a call whose inputs are not the build's: one prepared for its sizes
         (prepared now when new_sizes is "optimize"), or None (with a warning, once) to run the
         original module."""
-        variant = self._variants.get(_signature(flat, state))
+        sig = _signature(flat, state)
+        variant = self._variants.get(sig)
         if variant is not None:
             return variant
         why = self._why_not_sizes(flat, state)
@@ -275,8 +277,20 @@ class OptimizedModule(nn.Module):
         if not why and self._grow is not None and self.new_sizes == "optimize":
             if kwargs or self._program._plain_arity is None:
                 why = "inputs passed by keyword or nested in containers"
+            elif sig in self._failed_sizes:
+                return None  # said when it failed
             else:
-                return self.prepare(*args)
+                try:
+                    return self.prepare(*args)
+                except Exception as exc:  # noqa: BLE001 - the call must still run
+                    self._failed_sizes[sig] = str(exc)
+                    warnings.warn(
+                        f"FACT: optimizing for input sizes {_sizes_text(flat, self._program)} "
+                        f"failed ({type(exc).__name__}: {exc}); calls at these sizes run the "
+                        "original module",
+                        stacklevel=5,
+                    )
+                    return None
         self._warn_once(
             "unlike",
             "FACT: this module was optimized for other input shapes, dtypes or devices, or "
