@@ -116,10 +116,12 @@ class CapturedGraph(nn.Module):
 def _optimize_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """torch.compile's options= as fact.optimize's keyword arguments; a name optimize does not
     take is an error (a typo must not quietly turn FACT off)."""
+    # Sizes are Dynamo's to key (a graph per shape, or one with symbolic sizes, _per_size).
     accepted = [
         name
         for name, p in _OPTIMIZE_PARAMETERS.items()
-        if p.kind == inspect.Parameter.KEYWORD_ONLY and name != "implementations"
+        if p.kind == inspect.Parameter.KEYWORD_ONLY
+        and name not in ("implementations", "other_sizes", "new_sizes")
     ]
     unknown = sorted(set(options or {}) - set(accepted))
     if unknown:
@@ -191,6 +193,7 @@ def _per_size(gm: torch.fx.GraphModule, settings: Mapping[str, Any]) -> Callable
     sizes arrive as integers, which each optimized graph takes as constants."""
     sized = dict(settings, new_sizes="original")  # this table, not the module, keys the sizes
     built: dict[tuple, Callable] = {}
+    warned: list[bool] = []
 
     def run(*args: Any) -> Any:
         key = tuple(
@@ -199,6 +202,15 @@ def _per_size(gm: torch.fx.GraphModule, settings: Mapping[str, Any]) -> Callable
         )
         fn = built.get(key)
         if fn is None:
+            if len(built) >= optimize_mod.MAX_SIZES:  # a loop whose sizes never repeat
+                if not warned:
+                    warned.append(True)
+                    warnings.warn(
+                        f"FACT optimized this graph for {optimize_mod.MAX_SIZES} sizes already; "
+                        "calls at further sizes run it as captured",
+                        stacklevel=2,
+                    )
+                return gm.forward(*args)
             fn = built[key] = _optimized_graph(gm, list(args), sized)
         return fn(*args)
 

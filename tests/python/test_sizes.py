@@ -135,8 +135,8 @@ def test_only_sizes_may_differ(engine_available, tmp_path):
         opt.prepare(torch.randn(16, 32))
     with pytest.raises(FactError, match="torch.float64"):
         opt.prepare(torch.randn(2, 16, 32, dtype=torch.float64))
-    # a call with another dtype is not a new size: the original runs, with a warning
-    with pytest.warns(UserWarning, match="optimized for other input shapes"):
+    # a call with another number of dimensions is not a new size: the original runs
+    with pytest.warns(UserWarning, match="x is a 2-d torch.float32 tensor on cpu, not a 3-d"):
         opt(torch.randn(16, 32))
     assert not opt._variants
     with pytest.raises(FactError, match="new_sizes must be one of"):
@@ -164,3 +164,65 @@ def test_a_size_that_fails_to_optimize_runs_the_original_and_is_not_tried_again(
         warnings.simplefilter("error")  # said once
         assert rel_err(opt(y), eager(model, y)) < 1e-6
     assert len(tries) == 1 and not opt._variants
+
+
+class TwoSizes(nn.Module):
+    """Two GEMMs of different problems whose sizes share power-of-two buckets."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(40, 48)
+        self.b = nn.Linear(48, 64)
+
+    def forward(self, x):
+        return F.relu(self.b(F.gelu(self.a(x))))
+
+
+def test_within_one_optimize_only_the_same_problem_shares_timings(engine_available, tmp_path):
+    torch.manual_seed(6)
+    model = TwoSizes().eval()
+    opt = optimize(model, torch.randn(24, 40), tmp_path)
+    assert [p.get("timed_as") for p in opt.report["patterns"]] == [None, None]
+    opt.prepare(torch.randn(30, 40))  # 30 and 24 rows: one bucket, each pattern its own ranking
+    variant = next(iter(opt._variants.values()))
+    base = opt.report["patterns"]
+    for p in variant.report["patterns"]:  # each on its own layer's timings
+        assert p["timed_at"]["m"] == 24 and base[p["timed_as"]]["nodes"] == p["nodes"], p
+
+
+def test_variants_follow_refresh_use_original_and_pdl(engine_available, tmp_path):
+    torch.manual_seed(7)
+    model = Mlp().eval()
+    opt = optimize(model, torch.randn(2, 16, 32), tmp_path, other_sizes=[[torch.randn(2, 8, 32)]])
+    y = torch.randn(2, 8, 32)
+    variant = next(iter(opt._variants.values()))
+    # a write FACT cannot see (.data), then refresh(): the prepared size sees it too
+    with torch.no_grad():
+        model.up.weight.data.mul_(2)
+    opt.refresh()
+    assert rel_err(opt(y), eager(model, y)) < 1e-5
+    # the base size running the original does not make the other sizes run it
+    opt.use_original = True
+    assert not variant.use_original and rel_err(opt(y), eager(model, y)) < 1e-5
+    opt.pdl = False
+    opt(y)
+    assert variant.pdl is False
+
+
+def test_keyword_calls_grow_and_sizes_are_capped(engine_available, tmp_path):
+    torch.manual_seed(8)
+    model = Mlp().eval()
+    opt = optimize(model, torch.randn(1, 4, 32), tmp_path)
+    opt.max_sizes = 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for seq in (5, 6):
+            y = torch.randn(1, seq, 32)
+            assert rel_err(opt(x=y), eager(model, y)) < 1e-5
+    assert len(opt._variants) == 2
+    y = torch.randn(1, 7, 32)
+    with pytest.warns(UserWarning, match="at most max_sizes=2 other sizes"):
+        assert rel_err(opt(y), eager(model, y)) < 1e-6
+    with pytest.raises(FactError, match="at most max_sizes=2"):
+        opt.prepare(y)
+    assert len(opt._variants) == 2

@@ -39,6 +39,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -205,16 +206,20 @@ class OptimizedModule(nn.Module):
         object.__setattr__(self, "_variants", {})
         object.__setattr__(self, "_failed_sizes", {})  # signature -> why (not tried again)
         object.__setattr__(self, "_grow", None)
+        object.__setattr__(self, "_grow_lock", threading.Lock())
         self.new_sizes = "original"
+        # A loop whose sizes never repeat (a growing sequence) must not optimize at every call.
+        self.max_sizes = MAX_SIZES
 
-    def prepare(self, *example: Any) -> OptimizedModule:
+    def prepare(self, *example: Any, **kwargs: Any) -> OptimizedModule:
         """Optimize for the sizes of these inputs (same dtypes, devices and other arguments as
-        the example optimize had, other sizes) now, rather than at the first call that has
-        them: the kernels come from the cache (they do not depend on sizes), and a pattern
-        whose sizes fall in the power-of-two buckets of one timed before reuses its ranking.
-        Returns the module those calls run."""
+        the example optimize had, other sizes; passed as a call passes them) now, rather than at
+        the first call that has them: the kernels come from the cache (they do not depend on
+        sizes), and a pattern whose sizes fall in the power-of-two buckets of one timed in an
+        earlier optimize of this module reuses its ranking. Returns the module those calls
+        run. At most `max_sizes` sizes besides the example's are kept."""
         program = self._program
-        flat = program.flatten(example)
+        flat = program.flatten(example, kwargs)
         state = program.state_inputs()
         sig = _signature(flat, state)
         if sig == self._built_for:
@@ -226,12 +231,24 @@ class OptimizedModule(nn.Module):
             raise FactError(f"prepare() takes inputs that differ only in their sizes: {why}")
         if self._grow is None:
             raise FactError(
-                "this module cannot optimize for other sizes (it was loaded with fact.load, or "
-                "built by the torch.compile backend): optimize the model again for them"
+                "this module cannot optimize for other sizes (a copy made with copy.deepcopy, "
+                "or a module fact.load returned): optimize the model again for them"
             )
-        variant = self._grow(list(example))
-        self._variants[sig] = variant
-        return variant
+        if program._plain_arity is None:
+            raise FactError(
+                "prepare() needs a model whose inputs are tensors or numbers passed one by one "
+                "(not nested in lists or dicts): optimize the model again for the new sizes"
+            )
+        if len(self._variants) >= self.max_sizes:
+            raise FactError(
+                f"this module keeps at most max_sizes={self.max_sizes} sizes besides its "
+                f"example's, and has them ({_sizes_text(flat, program)} would be one more): "
+                "raise opt.max_sizes, or prepare the sizes that matter"
+            )
+        with self._grow_lock:  # one optimize at a time (they time on the GPU)
+            if sig not in self._variants:
+                self._variants[sig] = self._grow(list(flat))
+        return self._variants[sig]
 
     def _why_not_sizes(self, flat: Sequence[Any], state: Sequence[Any]) -> str:
         """'' when flat and state differ from the build in tensor sizes alone; else what else
@@ -257,9 +274,7 @@ class OptimizedModule(nn.Module):
                 )
         return ""
 
-    def _variant(
-        self, flat: Sequence[Any], state: Sequence[Any], args: tuple, kwargs: dict
-    ) -> OptimizedModule | None:
+    def _variant(self, flat: Sequence[Any], state: Sequence[Any]) -> OptimizedModule | None:
         """The module for a call whose inputs are not the build's: one prepared for its sizes
         (prepared now when new_sizes is "optimize"), or None (with a warning, once) to run the
         original module."""
@@ -268,20 +283,24 @@ class OptimizedModule(nn.Module):
         if variant is not None:
             return variant
         why = self._why_not_sizes(flat, state)
-        if not why and self._grow is not None and self.new_sizes == "error":
+        if not why and self._grow is None:
+            why = "this copy or loaded module does not optimize for new sizes"
+        if not why and self.new_sizes == "error":
             raise FactError(
                 f"FACT: this call's input sizes ({_sizes_text(flat, self._program)}) were not "
                 "prepared (new_sizes='error'): call opt.prepare(*inputs) for them first, or "
                 "optimize with other_sizes=[...]"
             )
         if not why and self._grow is not None and self.new_sizes == "optimize":
-            if kwargs or self._program._plain_arity is None:
-                why = "inputs passed by keyword or nested in containers"
+            if self._program._plain_arity is None:
+                why = "inputs nested in lists or dicts"
+            elif len(self._variants) >= self.max_sizes:
+                why = f"it keeps at most max_sizes={self.max_sizes} other sizes, and has them"
             elif sig in self._failed_sizes:
                 return None  # said when it failed
             else:
                 try:
-                    return self.prepare(*args)
+                    return self.prepare(*flat)
                 except Exception as exc:  # noqa: BLE001 - the call must still run
                     self._failed_sizes[sig] = str(exc)
                     warnings.warn(
@@ -319,9 +338,11 @@ class OptimizedModule(nn.Module):
         the original's buffers): the copy captures its own at its first call."""
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_replay", "_grow")}
+        skip = ("_replay", "_grow", "_grow_lock")
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
         new.__setstate__(copy.deepcopy(state, memo))
         object.__setattr__(new, "_replay", None)
+        object.__setattr__(new, "_grow_lock", threading.Lock())
         # optimize's closure would optimize the original model for new sizes, not the copy's
         object.__setattr__(new, "_grow", None)
         return new
@@ -342,6 +363,8 @@ class OptimizedModule(nn.Module):
         self._hoist.forget()
         self._program.refresh()
         self._program.recheck_watched()
+        for variant in self._variants.values():
+            variant.refresh()
 
     @property
     def graph_module(self):
@@ -364,7 +387,7 @@ class OptimizedModule(nn.Module):
     def _forward(self, args: tuple, kwargs: dict) -> Any:
         # Every call pays for what is here: keep it to lookups (benchmark sets and
         # synchronizing callers see the host time before the first launch).
-        if getattr(self, "use_original", False):  # absent in modules copied before it
+        if getattr(self, "use_original", False) and not self._variants:
             return self.original(*args, **kwargs)
         program = self._program
         try:
@@ -374,10 +397,13 @@ class OptimizedModule(nn.Module):
             return self.original(*args, **kwargs)
         state = program.state_inputs()  # once per call: guard, replay key, graph
         if self._built_for is not None and _signature(flat, state) != self._built_for:
-            variant = self._variant(flat, state, args, kwargs)
+            variant = self._variant(flat, state)
             if variant is None:
                 return self.original(*args, **kwargs)
+            variant.pdl = self.pdl  # the caller's setting, made on this module
             return variant._forward(args, kwargs)
+        if getattr(self, "use_original", False):  # absent in modules copied before it
+            return self.original(*args, **kwargs)
         if program.watched:
             stale = program.stale_buffers()
             if stale:
@@ -594,7 +620,7 @@ def choose(
     tol: float,
     require_faster: bool,
     progress: Progress,
-    timed: dict[str, dict[str, Any]] | None = None,
+    buckets: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Step 4: one decision per plan pattern. Every verified implementation and the PyTorch
     subgraph take turns under both timing protocols (fact.timing); with `require_faster` an
@@ -603,12 +629,13 @@ def choose(
 
     Patterns with the same signature, problem and operand layouts (the layers of a model) are
     timed once: the first of them is timed, and the others reuse its ranking after their own
-    implementations verified on their own values. `timed` carries those timings from one
-    optimize to the next of the same module at other input sizes (OptimizedModule.prepare):
-    there a pattern whose sizes fall in the same power-of-two buckets (size_bucket_class) as
-    one timed before reuses its ranking too."""
+    implementations verified on their own values. `buckets` carries timings from one optimize
+    to the next of the same module at other input sizes (OptimizedModule.prepare): a pattern
+    whose sizes fall in the same power-of-two buckets (size_bucket_class) as one timed in an
+    earlier optimize reuses its ranking too; within one optimize only the same problem does."""
     decisions = []
-    timed = {} if timed is None else timed  # pattern class or size bucket -> timings
+    timed: dict[str, dict[str, Any]] = {}  # pattern class -> the first decision's timings
+    earlier = {k: list(v) for k, v in (buckets or {}).items()}  # of earlier optimizes only
     for index, pattern in enumerate(plan.get("patterns") or []):
         d: dict[str, Any] = {
             "index": index,
@@ -646,7 +673,7 @@ def choose(
                 runs[i] = run
         names = [impl.name for impl in options]
         key, bucket = pattern_class(pattern, names), size_bucket_class(pattern, names)
-        same = timed.get(key) or timed.get(bucket)
+        same = timed.get(key) or _nearest(earlier.get(bucket) or [], pattern.get("problem") or {})
         if same is not None:
             exact = same["key"] == key
             alike = "the same problem" if exact else f"the same size bucket ({same['problem']})"
@@ -678,7 +705,8 @@ def choose(
                 "key": key,
                 "problem": pattern.get("problem"),
             }
-            timed.setdefault(bucket, timed[key])
+            if buckets is not None:
+                buckets.setdefault(bucket, []).append(timed[key])
         base = times["pytorch"]
         d["eager_us"] = base.per_call_us
         d["eager_timing"] = base.as_dict()
@@ -721,16 +749,35 @@ def pattern_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) ->
     return json.dumps(_class_fields(pattern, impl_names), sort_keys=True, default=str)
 
 
+#: Problem sizes that follow a call's inputs (rows, batch, sequence), as opposed to the model's
+#: own (a weight's N and K, heads, head dim): only these may differ where a ranking is reused.
+INPUT_SIZES = frozenset({"m", "batch", "seq_q", "seq_k", "rows", "numel"})
+
+
+def _nearest(entries: Sequence[dict[str, Any]], problem: Mapping[str, Any]) -> dict | None:
+    """Of the timings of earlier optimizes in a pattern's size bucket, the one whose problem
+    differs from `problem` in input sizes alone (INPUT_SIZES), the fewest of them; None if
+    none does (then the pattern is timed)."""
+    best, fewest = None, None
+    for e in entries:
+        theirs = e.get("problem") or {}
+        differ = {k for k in set(theirs) | set(problem) if theirs.get(k) != problem.get(k)}
+        if differ <= INPUT_SIZES and (fewest is None or len(differ) < fewest):
+            best, fewest = e, len(differ)
+    return best
+
+
 def size_bucket(n: int) -> int:
     """The power of two at or above n: sizes in one bucket share a ranking of kernels."""
     return 1 << max(0, n - 1).bit_length() if n > 0 else n
 
 
 def size_bucket_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()) -> str:
-    """pattern_class with the sizes rounded up to their power-of-two buckets: the same work at
-    a nearby size, whose kernels rank alike (1000 rows and 1024). The problem's and the
-    attributes' numbers are bucketed; operands keep their dtype, rank and which of their
-    strides are unit (the layout), not their sizes, which the problem already carries."""
+    """pattern_class with the problem's sizes rounded up to their power-of-two buckets: the
+    same work at a nearby size, whose kernels rank alike (1000 rows and 1024). Operands keep
+    their dtype, rank and which of their strides are unit (the layout), not their sizes, which
+    the problem already carries; attributes stay exact. choose() further reuses a ranking only
+    where the sizes that differ are input sizes (_nearest)."""
 
     def bucketed(v: Any) -> Any:
         if isinstance(v, bool):
@@ -753,7 +800,6 @@ def size_bucket_class(pattern: Mapping[str, Any], impl_names: Sequence[str] = ()
 
     fields = _class_fields(pattern, impl_names)
     fields["problem"] = bucketed(fields["problem"])
-    fields["attrs"] = bucketed(fields["attrs"])
     fields["operands"] = [operand(o) for o in fields["operands"]]
     return json.dumps(fields, sort_keys=True, default=str)
 
@@ -1252,8 +1298,8 @@ def optimize(
         "require_faster": require_faster,
         "implementations": implementations,
         "fold_norms": fold_norms,
-        # pattern class or size bucket -> timings, shared by the optimizes of other sizes
-        "timed": {},
+        # size bucket -> timings, for the optimizes of other sizes (choose)
+        "buckets": {},
     }
     opt = _optimize_folds(model, example_inputs, progress, run_dir, dict(options, agent=agent))
     sizes: list[dict[str, Any]] = []
@@ -1296,6 +1342,9 @@ def _compiled_count(run: Path) -> int:
         return 0
     return sum(1 for e in json.loads(manifest.read_text()) if e.get("status") == "compiled")
 
+
+#: Sizes an optimized module keeps besides its example's (OptimizedModule.max_sizes).
+MAX_SIZES = 8
 
 #: What a call at input sizes the module was not optimized for does (optimize's new_sizes).
 NEW_SIZES = ("optimize", "original", "error")
@@ -1345,7 +1394,7 @@ def _optimize_once(
     implementations: Callable[[int, Mapping[str, Any]], list[Impl]] | None,
     agent: str | Mapping[str, Any] | None = None,
     saved: Mapping[str, Any] | None = None,
-    timed: dict[str, dict[str, Any]] | None = None,
+    buckets: dict[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[OptimizedModule | None, dict[str, str]]:
     """One pass of optimize (from `started`), with LayerNorm folds (but those in `fold_skip`,
     which did not pay before) or without. Returns the module, or None and the folds it made
@@ -1480,7 +1529,7 @@ def _optimize_once(
                 options[index] = opts
             decisions = choose(
                 program, plan, options, values, device, tol_pattern, require_faster, progress,
-                timed,
+                buckets,
             )  # fmt: skip
             for d in decisions:
                 rows = tuned.get(d["index"]) or []
@@ -1500,7 +1549,10 @@ def _optimize_once(
         )
     finally:
         torch.set_float32_matmul_precision(previous)
-    if use_cache and implementations is None and cached is None:
+    # Decisions ranked on another size's timings stay with this module: a later optimize at
+    # this size times its own.
+    borrowed = any(d.get("timed_at") is not None for d in decisions)
+    if use_cache and implementations is None and cached is None and not borrowed:
         _save_decisions(decisions_path, plan, decisions)
     decided = {"plan": plan, "decisions": decisions, "graph_sha256": graph_sha}
     saved_options = {
@@ -1531,7 +1583,7 @@ def _optimize_once(
         "folds": [folds.describe(r) for r in fold_records],
         "folds_dropped": [f"{norm}: {why}" for norm, why in fold_skip.items()],
         "cuda_graphs": False,
-        "transcript": progress.lines,
+        "transcript": list(progress.lines),
     }
     opt = OptimizedModule(model, program, gm, report, False, example)
     # fact.save's: the examples on the host, so the module holds no device memory for them

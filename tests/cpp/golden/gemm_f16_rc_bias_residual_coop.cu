@@ -29,8 +29,12 @@ template <class Fn>
 Fn entry_point(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+#else
+  const cudaError_t err = cudaGetDriverEntryPoint(name, &fn, cudaEnableDefault, &found);
+#endif
+  if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
     cudaGetLastError();  // cleared: the encode reports the failure instead
     return nullptr;
   }
@@ -215,8 +219,9 @@ int max_active_clusters(int device) {
 }
 
 // CUTLASS's initialize() sets the kernel's shared-memory attribute at every launch (a driver
-// call); here it runs until it first succeeds on a device, and each launch takes only its other
-// steps. A failure is not kept: the next launch tries again.
+// call; for clusters of more than one CTA its cluster launcher sets it again at launch); here it
+// runs until it first succeeds on a device, and each launch takes only its other steps. A
+// failure is not kept: the next launch tries again.
 cutlass::Status initialize_once(const typename Gemm::Arguments& args, void* workspace, cudaStream_t s) {
   static std::atomic<bool> done[64];
   static std::mutex lock;
