@@ -1975,6 +1975,38 @@ def test_torch_compile_backend_with_new_sizes(engine_available, dynamo_reset, mo
             assert rel_err(static(x), model(x)) < 1e-6
 
 
+def test_torch_compile_backend_caps_the_sizes_of_a_dynamic_graph(
+    engine_available, dynamo_reset, monkeypatch
+):
+    """A loop whose sizes never repeat does not optimize at every call: past MAX_SIZES the
+    symbolic graph runs as captured, with one warning."""
+    import fact.backend  # noqa: F401
+    import fact.compose.optimize as optimize_mod
+
+    monkeypatch.setattr(optimize_mod, "MAX_SIZES", 2)
+    calls = []
+    real_optimize = optimize_mod.optimize
+    monkeypatch.setattr(
+        optimize_mod, "optimize", lambda *a, **k: calls.append(1) or real_optimize(*a, **k)
+    )
+    torch.manual_seed(44)
+    model = SmallGelu().eval()
+    compiled = torch.compile(model, backend="fact")
+    with torch.no_grad():
+        for batch in (4, 5, 6):  # 4 static; 5 and 6 fill the dynamic graph's table
+            x = torch.randn(batch, 32)
+            assert rel_err(compiled(x), model(x)) < 1e-6
+        with pytest.warns(UserWarning, match="for 2 sizes already"):
+            x = torch.randn(7, 32)
+            assert rel_err(compiled(x), model(x)) < 1e-6
+        x = torch.randn(8, 32)
+        assert rel_err(compiled(x), model(x)) < 1e-6
+    assert len(calls) == 3
+    with pytest.raises(Exception, match=r"unknown option\(s\) \['other_sizes'\]"):
+        torch._dynamo.reset()
+        torch.compile(model, backend="fact", options={"other_sizes": []})(torch.randn(4, 32))
+
+
 def test_torch_compile_backend_leaves_training_graphs_alone(engine_available, dynamo_reset):
     """With gradients wanted, FACT (inference only) keeps Dynamo's graph: backward works."""
     import fact.backend  # noqa: F401
