@@ -161,9 +161,8 @@ def main() -> int:
             print(r["error"])
             continue
         print(r["cprofile"][:6000])
-    print(
-        f"{'problem':24} {'layer':18} {'busy us':>8} {'idle us':>8} {'lead us':>8} {'span us':>8}"
-    )
+    head = ("problem", "layer", "busy us", "idle us", "per call", "lead us", "span us")
+    print("{:24} {:18} {:>8} {:>8} {:>8} {:>8} {:>8}".format(*head))
     nan = float("nan")
     for r in rows:
         for name, v in r.items():
