@@ -226,7 +226,7 @@ class OptimizedModule(nn.Module):
             return self
         if sig in self._variants:
             return self._variants[sig]
-        why = self._why_not_sizes(flat, state)
+        why = self._why_not_sizes(flat, sig)
         if why:
             raise FactError(f"prepare() takes inputs that differ only in their sizes: {why}")
         if self._grow is None:
@@ -250,20 +250,18 @@ class OptimizedModule(nn.Module):
                 self._variants[sig] = self._grow(list(flat))
         return self._variants[sig]
 
-    def _why_not_sizes(self, flat: Sequence[Any], state: Sequence[Any]) -> str:
-        """'' when flat and state differ from the build in tensor sizes alone; else what else
-        differs (a dtype, a device, a number of dimensions, a non-tensor argument, the
-        parameters)."""
+    def _why_not_sizes(self, flat: Sequence[Any], now: tuple) -> str:
+        """'' when a call's flat inputs and signature (`now`, of flat and the state) differ
+        from the build in tensor sizes alone; else what else differs (a dtype, a device, a
+        number of dimensions, a non-tensor argument, the parameters)."""
         built = self._built_for
         if built is None:
             return "the module was built without an example"
-        now = _signature(flat, state)
         n = len(flat)
         if len(now) != len(built) or now[n:] != built[n:]:
             return "the parameters or buffers changed dtype, device or shape since optimize"
-        names = self._program.user_inputs
         for i, (a, b) in enumerate(zip(now[:n], built[:n], strict=True)):
-            name = names[i] if i < len(names) else f"input {i}"
+            name = _input_name(self._program, i)
             if a[0] == "value" or b[0] == "value":
                 if a != b:
                     return f"{name} is {a[1]}, not {b[1]} as in the example"
@@ -274,15 +272,14 @@ class OptimizedModule(nn.Module):
                 )
         return ""
 
-    def _variant(self, flat: Sequence[Any], state: Sequence[Any]) -> OptimizedModule | None:
-        """The module for a call whose inputs are not the build's: one prepared for its sizes
-        (prepared now when new_sizes is "optimize"), or None (with a warning, once) to run the
-        original module."""
-        sig = _signature(flat, state)
+    def _variant(self, flat: Sequence[Any], sig: tuple) -> OptimizedModule | None:
+        """The module for a call whose inputs are not the build's (`sig`, _signature of flat
+        and state): one prepared for its sizes (prepared now when new_sizes is "optimize"), or
+        None (with a warning, once) to run the original module."""
         variant = self._variants.get(sig)
         if variant is not None:
             return variant
-        why = self._why_not_sizes(flat, state)
+        why = self._why_not_sizes(flat, sig)
         if not why and self._grow is None:
             why = "this copy or loaded module does not optimize for new sizes"
         if not why and self.new_sizes == "error":
@@ -291,7 +288,7 @@ class OptimizedModule(nn.Module):
                 "prepared (new_sizes='error'): call opt.prepare(*inputs) for them first, or "
                 "optimize with other_sizes=[...]"
             )
-        if not why and self._grow is not None and self.new_sizes == "optimize":
+        if not why and self.new_sizes == "optimize":
             if self._program._plain_arity is None:
                 why = "inputs nested in lists or dicts"
             elif len(self._variants) >= self.max_sizes:
@@ -396,12 +393,21 @@ class OptimizedModule(nn.Module):
             self._warn_once("call", f"FACT: {unlike}; this call runs the original module", 4)
             return self.original(*args, **kwargs)
         state = program.state_inputs()  # once per call: guard, replay key, graph
-        if self._built_for is not None and _signature(flat, state) != self._built_for:
-            variant = self._variant(flat, state)
-            if variant is None:
-                return self.original(*args, **kwargs)
-            variant.pdl = self.pdl  # the caller's setting, made on this module
-            return variant._forward(args, kwargs)
+        if self._built_for is not None:
+            sig = _signature(flat, state)
+            if sig != self._built_for:
+                variant = self._variant(flat, sig)
+                if variant is None:
+                    return self.original(*args, **kwargs)
+                variant.pdl = self.pdl  # the caller's setting, made on this module
+                # flat as this module read it (the variant's example had the same structure);
+                # matched by the signature already, so not checked again there
+                return variant._run_built(args, kwargs, flat, variant._program.state_inputs())
+        return self._run_built(args, kwargs, flat, state)
+
+    def _run_built(self, args: tuple, kwargs: dict, flat: list[Any], state: list[Any]) -> Any:
+        """A call whose inputs and state match what this module was built for."""
+        program = self._program
         if getattr(self, "use_original", False):  # absent in modules copied before it
             return self.original(*args, **kwargs)
         if program.watched:
@@ -478,10 +484,14 @@ def _signature(flat: Sequence[Any], state: Sequence[Any]) -> tuple | None:
     )
 
 
-def _sizes_text(flat: Sequence[Any], program: Program) -> str:
+def _input_name(program: Program, i: int) -> str:
     names = program.user_inputs
+    return names[i] if i < len(names) else f"input {i}"
+
+
+def _sizes_text(flat: Sequence[Any], program: Program) -> str:
     return ", ".join(
-        f"{names[i] if i < len(names) else i}: {list(t.shape)}"
+        f"{_input_name(program, i)}: {list(t.shape)}"
         for i, t in enumerate(flat)
         if isinstance(t, torch.Tensor)
     )
@@ -1317,7 +1327,7 @@ def optimize(
                 "seconds": seconds,
                 "replaced": variant.report["replaced"],
                 "patterns": len(variant.report["patterns"]),
-                "compiled": _compiled_count(Path(variant.report["run_dir"])),
+                "compiled": compiled_count(Path(variant.report["run_dir"])),
                 "timed_elsewhere": sum(
                     1 for p in variant.report["patterns"] if p.get("timed_at") is not None
                 ),
@@ -1335,7 +1345,7 @@ def optimize(
     return opt
 
 
-def _compiled_count(run: Path) -> int:
+def compiled_count(run: Path) -> int:
     """Kernels the engine compiled for a run (not taken from the cache)."""
     manifest = run / "manifest.json"
     if not manifest.is_file():
