@@ -194,11 +194,17 @@ def _per_size(gm: torch.fx.GraphModule, settings: Mapping[str, Any]) -> Callable
     sized = dict(settings, new_sizes="original")  # this table, not the module, keys the sizes
     built: dict[tuple, Callable] = {}
     warned: list[bool] = []
+    user: list[int] | None = None  # positions of the user's inputs among the graph's
 
     def run(*args: Any) -> Any:
+        nonlocal user
+        if user is None:
+            user = [i for i, slot in enumerate(CapturedGraph(gm, args).slots) if slot is None]
+        # The state's shapes and dtypes are each optimized module's to check (it runs the
+        # original where they changed), so the user's inputs alone key the table.
         key = tuple(
             (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else ("value", a)
-            for a in args
+            for a in (args[i] for i in user)
         )
         fn = built.get(key)
         if fn is None:
