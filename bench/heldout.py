@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import torch  # noqa: E402
 
 from fact.compose.bench import run_bench  # noqa: E402
+from fact.compose.optimize import compiled_count  # noqa: E402
 
 
 def _row(name: str, bench: dict) -> dict:
@@ -39,10 +40,8 @@ def _row(name: str, bench: dict) -> dict:
             "rel_error": r.get("rel_error"),
         }
     out["replaced"] = f"{opt.get('replaced', 0)}/{len(opt.get('patterns') or [])}"
-    manifest = Path(opt.get("run_dir") or ".") / "manifest.json"
-    if manifest.is_file():  # kernels built for this problem now, not taken from the cache
-        entries = json.loads(manifest.read_text())
-        out["compiled"] = sum(1 for e in entries if e.get("status") == "compiled")
+    if opt.get("run_dir"):  # kernels built for this problem now, not taken from the cache
+        out["compiled"] = compiled_count(Path(opt["run_dir"]))
     out["chosen"] = [p.get("chosen") for p in opt.get("patterns") or []]
     out["mode"] = (
         "original"
