@@ -72,11 +72,12 @@ def idle_host_us(fn, reps: int = 50) -> float:
     return statistics.median(times)
 
 
-def probe(path: str, out: Path) -> dict:
+def probe(path: str, out: Path, graphs: bool = False) -> dict:
     problem = load_problem(path, "bf16")
     model = problem.model.cuda().eval()
     inputs = [t.cuda() if isinstance(t, torch.Tensor) else t for t in problem.inputs]
-    opt = optimize(model, inputs, run_dir=out / Path(path).stem, quiet=True, cuda_graphs=False)
+    opt = optimize(model, inputs, run_dir=out / Path(path).stem, quiet=True, cuda_graphs=graphs)
+    guard = (opt.report.get("guard") or {}).get("chosen")
     opt.use_original = False
     seen = {}
     real = ops.PreparedGemm.launch
@@ -116,7 +117,8 @@ def probe(path: str, out: Path) -> dict:
             )
             layers["can_implement"] = lambda: dll.fact_gemm_can_implement(ctypes.byref(args))
             layers["workspace_size"] = lambda: dll.fact_gemm_workspace_size(ctypes.byref(args))
-        row = {"problem": Path(path).stem}
+        row = {"problem": Path(path).stem, "mode": "graph" if opt.cuda_graphs else "launches"}
+        row["guard"] = guard
         for name, fn in layers.items():
             row[name] = {
                 "busy_us": host_us(fn),
@@ -144,6 +146,12 @@ def probe(path: str, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="let optimize choose CUDA graph replay where it measures faster (as users get it); "
+        "without it the module launches its kernels, so the layers below it can be compared",
+    )
     ap.add_argument("problems", nargs="+")
     ns = ap.parse_args()
     out = Path(ns.out)
@@ -151,12 +159,12 @@ def main() -> int:
     rows = []
     for path in ns.problems:
         try:
-            rows.append(probe(path, out))
+            rows.append(probe(path, out, ns.graphs))
         except Exception as e:  # noqa: BLE001 - the others go on
             rows.append({"problem": path, "error": repr(e)})
     (out / "probe.json").write_text(json.dumps(rows, indent=1))
     for r in rows:
-        print(f"== {r['problem']}")
+        print(f"== {r['problem']} ({r.get('mode')}; the guard chose {r.get('guard')})")
         if "error" in r:
             print(r["error"])
             continue

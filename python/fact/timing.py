@@ -182,19 +182,25 @@ def back_to_back_times(
     return times
 
 
-def host_times(fn: Callable[[], Any], device, *, reps: int = 10) -> list[float]:
-    """Wall-clock time (us) the host spends in fn() while the GPU is busy with earlier work (so
-    no launch waits for it): the host overhead a synchronizing caller pays on top of the GPU."""
+def host_times(
+    fn: Callable[[], Any], device, *, reps: int = 60, per_backlog: int = 20
+) -> list[float]:
+    """Wall-clock time (us) the host spends in each of `reps` calls of fn() while the GPU is
+    busy with earlier work (so no launch waits for it): the host overhead a synchronizing caller
+    pays on top of the GPU. The calls run in runs of `per_backlog` behind one long GPU spin; the
+    first call after a synchronize can be slower than the rest by far more than any launch, so
+    one call per spin would time that wake-up rather than the call."""
     import torch
 
     fn()
     sleep = getattr(torch.cuda, "_sleep", None) if device.type == "cuda" else None
     times = []
     with _on(device):
-        for _ in range(reps):
-            sync(device)
-            if sleep is not None:
-                sleep(HOST_BACKLOG_CYCLES)
+        for i in range(reps):
+            if i % per_backlog == 0:
+                sync(device)
+                if sleep is not None:
+                    sleep(HOST_BACKLOG_CYCLES)
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e6)

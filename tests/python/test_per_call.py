@@ -68,3 +68,30 @@ def test_calls_that_are_not_plain_leaves_still_bind(engine_available, tmp_path):
     assert torch.allclose(opt(x=x), _eager(model, x), atol=1e-6)  # by keyword
     with pytest.warns(UserWarning, match="runs the original module"):
         assert torch.allclose(opt(x, 2.0), _eager(model, x, 2.0), atol=1e-6)  # another arity
+
+
+def test_a_call_with_grad_enabled_runs_without_it_and_restores_it(engine_available, tmp_path):
+    model, x, opt = _optimized(tmp_path)
+    assert torch.is_grad_enabled()
+    y = opt(x.requires_grad_())
+    assert not y.requires_grad and torch.is_grad_enabled()
+    assert torch.allclose(y, _eager(model, x), atol=1e-6)
+    # a size that cannot be optimized: the original module runs, and raises
+    with pytest.raises(RuntimeError), pytest.warns(UserWarning, match="failed"):
+        opt(torch.randn(4, 15))
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        opt(x)
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled()
+
+
+def test_a_dtype_change_of_the_model_after_optimize_is_seen(engine_available, tmp_path):
+    # the signature reads dtypes of the state at every call: .double() keeps the Parameter
+    # objects (and their version counters) and swaps their storage
+    model, x, opt = _optimized(tmp_path)
+    model.double()
+    with pytest.warns(UserWarning, match="runs the original module"):
+        y = opt(x.double())
+    assert y.dtype == torch.float64
+    assert torch.allclose(y, _eager(model, x.double()), atol=1e-9)

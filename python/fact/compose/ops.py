@@ -194,6 +194,9 @@ def current_stream(device: torch.device) -> int:
 # The handle without building a Stream object (what torch.compile's generated code calls);
 # private, so only where this torch has it.
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# The current device's index without torch.cuda's lazy-init check, for prepared launches (CUDA
+# is up: their tensors are on it).
+_RAW_DEVICE = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def _problem(a: torch.Tensor, b: torch.Tensor) -> dict[str, int]:
@@ -346,7 +349,7 @@ class PreparedGemm:
         aligned = pa | pb
         for p in ptrs:
             aligned |= p
-        if aligned & 15 or (self.device.index or 0) != torch.cuda.current_device():
+        if aligned & 15 or (self.device.index or 0) != _RAW_DEVICE():
             return None
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         args = FactGemmArgs.from_buffer_copy(self.args)
@@ -551,7 +554,7 @@ class PreparedNorm:
         px = x.data_ptr()
         pw = weight.data_ptr() if weight is not None else 0
         pb = bias.data_ptr() if bias is not None else 0
-        if (px | pw | pb) & 15 or (self.device.index or 0) != torch.cuda.current_device():
+        if (px | pw | pb) & 15 or (self.device.index or 0) != _RAW_DEVICE():
             return None
         out = torch.empty(x.shape, dtype=self.out_dtype, device=self.device)
         args = FactNormArgs.from_buffer_copy(self.args)
