@@ -8,14 +8,14 @@
 #include "discover/catalog.h"
 #include "discover/lowering.h"
 #include "ir/error.h"
-#include "realize/attention.h"
-#include "realize/candidates.h"
-#include "realize/compile.h"
-#include "realize/emit.h"
-#include "realize/norm.h"
-#include "realize/pointwise.h"
+#include "families/attention/attention.h"
+#include "families/family.h"
+#include "families/gemm/candidates.h"
+#include "families/gemm/emit.h"
+#include "families/norm/norm.h"
+#include "families/pointwise/pointwise.h"
 #include "ir/json_io.h"
-#include "realize/config_space.h"
+#include "realize/compile.h"
 #include "registry/registry.h"
 #include "util/files.h"
 
@@ -85,7 +85,7 @@ json pattern_json(const ir::Graph& g, const discover::Candidate& c, const std::s
             {"est_fused_us", c.fused.seconds * 1e6},
             {"est_saving_us", c.saving_s() * 1e6},
             {"est_launches_saved", c.unfused.launches - c.fused.launches},
-            {"search_space", realize::search_space(m, arch)},
+            {"search_space", families::family(m.family).search_space(m, arch)},
             {"vetted", json::array()}};
   if (!m.epilogue_expr.is_null()) p["epilogue_expr"] = m.epilogue_expr;
   std::vector<registry::Hit> hits;
@@ -161,25 +161,7 @@ DiscoverResult run_discover(const DiscoverOptions& opt) {
   json patterns = json::array();
   for (const auto& c : d.chosen) {
     patterns.push_back(pattern_json(g, c, hw.arch, reg));
-    if (c.match.family == discover::Family::gemm && !c.match.epilogue.empty() && !c.match.anchors.empty()) {
-      try {
-        patterns.back()["tail"] = realize::gemm_epilogue_tail(
-            patterns.back(), g.node(c.match.output).type().shape,
-            ir::dtype_name(g.node(c.match.anchors.front()).type().dtype));
-      } catch (const realize::NotSupported&) {
-        // the fused kernels and the library candidates only
-      }
-    }
-    if (c.match.family == discover::Family::gated_mlp) {
-      // How stage 2 realizes it: the gate GEMM with act(acc) * up in its epilogue.
-      try {
-        patterns.back()["lowered"] = realize::lower_gated_mlp(patterns.back());
-        // ... or library GEMMs and act(gate) * up in one generated pointwise kernel.
-        patterns.back()["tail"] = realize::gated_mlp_tail(patterns.back()["lowered"]);
-      } catch (const realize::NotSupported&) {
-        // no fused form: realize reports the pattern as not supported
-      }
-    }
+    if (const auto forms = families::family(c.match.family).plan_forms) forms(g, c.match, patterns.back());
   }
   // Nodes by name and op; `once` marks those computed from parameters alone (hoisted).
   auto node_list = [&](const std::vector<int>& ids, bool mark_once) {
@@ -291,7 +273,6 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   write_text_file(run / "plan.json", r.plan.dump(2));
   auto reg = open_hint(r.plan["registry"]["path"].get<std::string>());
   if (reg && rows_of(reg).is_null()) reg.reset();  // damaged past its header: rank without it
-  // 2. Per GEMM-family pattern: ranked configs, then one emitted source per config.
   struct Pending {
     size_t pattern;
     std::string kernel;
@@ -316,124 +297,25 @@ RealizeResult run_realize(const RealizeOptions& opt) {
       jobs.push_back({k.name, std::move(k.source)});
     }
   };
-  auto candidates_file = [&](size_t i) { return run / "candidates" / ("pattern-" + std::to_string(i) + ".json"); };
-  // Every config of a family realize does not rank, and the candidates file listing them.
-  auto emit_every_config = [&](size_t i, const auto& spec, const auto& configs, auto emit) {
-    json listed = json::array();
-    for (const auto& c : configs) {
-      listed.push_back(c.to_json());
-      add_kernel(i, emit(spec, c), c.to_json());
-    }
-    write_text_file(candidates_file(i), json({{"family", r.plan["patterns"][i]["family"]}, {"configs", listed}}).dump(2));
-  };
+  // 2. Each chosen pattern through its family's realize step (engine/families/family.h).
   for (size_t i = 0; i < d.discovery.chosen.size(); ++i) {
     const auto& match = d.discovery.chosen[i].match;
     const auto& pattern = r.plan["patterns"][i];
-    json base = {{"pattern_index", i}, {"family", pattern["family"]}, {"signature", pattern["signature"]}};
-    if (match.family == discover::Family::norm || match.family == discover::Family::pointwise) {
-      // Row norms and pointwise regions: one kernel per block shape, unranked; verified and
-      // timed where they run (in the composed module's context).
-      try {
-        if (match.family == discover::Family::norm) {
-          const auto spec = realize::NormSpec::from_pattern(pattern);
-          emit_every_config(i, spec, realize::norm_configs(spec), realize::emit_norm);
-        } else {
-          const auto spec = realize::PointwiseSpec::from_pattern(pattern);
-          emit_every_config(i, spec, realize::pointwise_configs(spec), realize::emit_pointwise);
-        }
-      } catch (const realize::NotSupported& e) {
-        refuse(base, e.what());
-      }
-      continue;
-    }
-    if (match.family == discover::Family::attention) {
-      // Fused attention: CUTLASS's Hopper FMHA (bf16, f16) or its sm80 kernel (f32, in the math
-      // the precision allows), one kernel per ranked config; the tuner verifies and times them
-      // against PyTorch's scaled_dot_product_attention.
-      try {
-        const auto spec = realize::AttentionSpec::from_pattern(pattern);
-        const auto cands = realize::attention_candidates(spec, pattern["signature"], pattern["problem"],
-                                                         opt.discover.arch, opt.candidates, reg ? &*reg : nullptr,
-                                                         r.plan["float32_matmul_precision"], attention_configs);
-        write_text_file(candidates_file(i), cands.to_json().dump(2));
-        for (const auto& ranked : cands.ranked) {
-          add_kernel(i, realize::emit_attention(spec, ranked.config), ranked.config.to_json());
-        }
-      } catch (const realize::NotSupported& e) {
-        refuse(base, e.what());
-      }
-      continue;
-    }
-    if (pattern.contains("tail")) {
-      // The library-GEMM form of a GEMM or gated MLP pattern: its pointwise kernels for the
-      // epilogue, checked in context like regions.
-      try {
-        const auto spec = realize::PointwiseSpec::from_pattern(pattern["tail"]);
-        const bool gated = match.family == discover::Family::gated_mlp;
-        for (const auto& c : gated ? realize::pointwise_configs(spec) : realize::tail_configs(spec)) {
-          json config = c.to_json();
-          config["form"] = "tail";
-          add_kernel(i, realize::emit_pointwise(spec, c), config);
-        }
-      } catch (const realize::NotSupported& e) {
-        json entry = base;
-        entry["config"] = {{"form", "tail"}};
-        refuse(entry, e.what());
-      }
-    }
-    // A gated MLP is realized as its gate GEMM with act(acc) * up fused into the epilogue
-    // (the up projection stays PyTorch's GEMM); the plan keeps that GEMM pattern as "lowered".
-    json gemm_pattern = pattern;
-    discover::Match gemm_match = match;
-    if (match.family == discover::Family::gated_mlp) {
-      if (!pattern.contains("lowered")) {
-        try {
-          realize::lower_gated_mlp(pattern);  // throws with the reason
-        } catch (const realize::NotSupported& e) {
-          refuse(base, e.what());
-        }
-        continue;
-      }
-      gemm_pattern = pattern["lowered"];
-      gemm_match.family = discover::Family::gemm;
-      gemm_match.epilogue = gemm_pattern["epilogue"].get<std::vector<std::string>>();
-      gemm_match.operands.push_back({"up", -1, "full"});
-    }
-    if (!realize::supports_candidates(gemm_match, opt.discover.arch)) {
-      refuse(base, std::string("no kernel family for ") + discover::family_name(match.family) + " on " +
-                       opt.discover.arch + " yet");
-      continue;
-    }
-    realize::Candidates cands;
-    realize::GemmSpec spec;
-    try {
-      spec = realize::GemmSpec::from_pattern(gemm_pattern);
-      realize::CandidateOptions copt;
-      copt.arch = opt.discover.arch;
-      copt.top_n = opt.candidates;
-      copt.only = configs;
-      copt.precision = r.plan["float32_matmul_precision"];
-      copt.registry = reg ? &*reg : nullptr;
-      cands = realize::candidates(gemm_match, copt);
-    } catch (const realize::NotSupported& e) {
-      refuse(base, e.what());
-      continue;
-    }
-    write_text_file(candidates_file(i), realize::candidates_json(cands).dump(2));
-    if (cands.ranked.empty()) {
-      refuse(base, realize::why_none_kept(cands.dropped) + " (candidates/" + candidates_file(i).filename().string() +
-                       " lists each config with its reasons)");
-      continue;
-    }
-    for (const auto& ranked : cands.ranked) {
-      json entry = base;
-      entry["config"] = ranked.config.to_json();
-      try {
-        add_kernel(i, realize::emit_gemm(spec, ranked.config), entry["config"]);
-      } catch (const realize::NotSupported& e) {
-        refuse(entry, e.what());
-      }
-    }
+    families::RealizeStep step;
+    step.index = i;
+    step.match = &match;
+    step.pattern = &pattern;
+    step.arch = opt.discover.arch;
+    step.candidates = opt.candidates;
+    step.precision = r.plan["float32_matmul_precision"];
+    step.registry = reg ? &*reg : nullptr;
+    step.gemm_configs = configs;
+    step.attention_configs = attention_configs;
+    step.candidates_file = run / "candidates" / ("pattern-" + std::to_string(i) + ".json");
+    step.base = {{"pattern_index", i}, {"family", pattern["family"]}, {"signature", pattern["signature"]}};
+    step.add_kernel = [&, i](realize::EmittedKernel k, json config) { add_kernel(i, std::move(k), std::move(config)); };
+    step.refuse = refuse;
+    families::family(match.family).realize(step);
   }
   write_text_file(run / "src" / "fact_gemm_abi.h", realize::abi_header_text());
   write_text_file(run / "src" / "fact_norm_abi.h", realize::norm_abi_header_text());

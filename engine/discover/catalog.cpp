@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
-namespace fact::discover {
+#include "families/family.h"
 
-using ir::Op;
+namespace fact::discover {
 
 const char* family_name(Family f) {
   switch (f) {
@@ -19,31 +19,14 @@ const char* family_name(Family f) {
 }
 
 const std::vector<Rule>& catalog() {
-  static const std::vector<Rule> rules = {
-      {"gemm_epilogue", Family::gemm, {Op::mm, Op::addmm, Op::bmm, Op::baddbmm, Op::matmul, Op::linear},
-       "D = epilogue(A @ B, operands...)  // any pointwise tail over the accumulator",
-       match_gemm_epilogue, shrink_gemm_epilogue},
-      {"horizontal_gemm", Family::horizontal_gemm, {Op::mm, Op::addmm, Op::matmul, Op::linear},
-       "[D1 | D2 | ...] = A @ [B1 | B2 | ...] (+ biases)  // GEMMs sharing A, one launch",
-       match_horizontal_gemm},
-      {"gated_mlp", Family::gated_mlp, {Op::mul},
-       "D = act(A @ B1) * (A @ B2)  // SwiGLU / GeGLU, one GEMM over [B1 | B2]", match_gated_mlp},
-      {"attention_handwritten", Family::attention, {Op::softmax},
-       "O = softmax(scale * Q @ K^T + causal mask) @ V  // flash attention, scores stay on chip",
-       match_attention_handwritten},
-      {"attention_sdpa", Family::attention, {Op::sdpa, Op::sdpa_flash, Op::sdpa_efficient, Op::sdpa_cudnn},
-       "O = scaled_dot_product_attention(Q, K, V)  // with strided Q/K/V and (b, s, h*d) output",
-       match_attention_sdpa},
-      {"norm", Family::norm, {Op::layer_norm, Op::native_layer_norm, Op::rms_norm},
-       "y = (x - mean) * rstd * w + b  |  y = x * rsqrt(mean(x^2) + eps) * w  // one row pass",
-       match_norm_op},
-      {"rms_norm_handwritten", Family::norm, {Op::mean},
-       "y = cast(x * rsqrt(mean(x^2, -1) + eps)) * w  // hand-written RMSNorm, one row pass",
-       match_rms_norm_handwritten},
-      {"layer_norm_handwritten", Family::norm, {Op::mean},
-       "y = (x - u) / sqrt(mean((x - u)^2, -1) + eps) * w + b, u = mean(x, -1)  // one row pass",
-       match_layer_norm_handwritten},
-  };
+  static const std::vector<Rule> rules = [] {
+    std::vector<Rule> all;
+    for (const auto& f : families::table()) {
+      if (!f.rules) continue;
+      for (auto& r : f.rules()) all.push_back(std::move(r));
+    }
+    return all;
+  }();
   return rules;
 }
 

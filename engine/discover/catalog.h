@@ -1,7 +1,9 @@
 // The rule catalog: data. Each rule names its kernel family, the ops it can be rooted at, the
-// math its fused kernel computes, and a matcher that returns a Match or says why not.
+// math its fused kernel computes, and a matcher that returns a Match or says why not. Each family
+// lists its own rules (engine/families/family.h); the catalog is their concatenation, in family
+// order.
 //
-// Matchers live one family per file (rule_*.cpp). A rule that fires records its name in the
+// Matchers live in their family's folder (engine/families/<family>/rule_*.cpp). A rule that fires records its name in the
 // Match, so reports and `fact explain` say which rule covered which node.
 #pragma once
 
@@ -29,7 +31,7 @@ struct Rule {
 
 const std::vector<Rule>& catalog();
 
-// Matchers (rule_*.cpp).
+// Matchers (engine/families/<family>/rule_*.cpp).
 Attempt match_gemm_epilogue(const ir::Graph& g, int root);
 Attempt shrink_gemm_epilogue(const ir::Graph& g, int root, const std::vector<char>& taken);
 Attempt match_horizontal_gemm(const ir::Graph& g, int root);

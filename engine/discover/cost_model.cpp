@@ -4,7 +4,7 @@
 #include <cmath>
 #include <set>
 
-#include "discover/gemm_shape.h"
+#include "families/gemm/gemm_shape.h"
 #include "discover/views.h"
 #include "ir/error.h"
 

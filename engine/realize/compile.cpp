@@ -23,10 +23,10 @@
 #include <thread>
 
 #include "ir/error.h"
-#include "realize/emit.h"
-#include "realize/attention.h"
-#include "realize/norm.h"
-#include "realize/pointwise.h"
+#include "families/gemm/emit.h"
+#include "families/attention/attention.h"
+#include "families/norm/norm.h"
+#include "families/pointwise/pointwise.h"
 #include "util/files.h"
 
 namespace fs = std::filesystem;

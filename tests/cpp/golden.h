@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "realize/emit.h"
+#include "families/gemm/emit.h"
 
 namespace fact::test {
 

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "ir/error.h"
-#include "realize/candidates.h"
-#include "realize/emit.h"
+#include "families/gemm/candidates.h"
+#include "families/gemm/emit.h"
 #include "registry/registry.h"
 #include "scratch_dir.h"
 

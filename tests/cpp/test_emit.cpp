@@ -11,8 +11,8 @@
 
 #include "ir/error.h"
 #include "golden.h"
-#include "realize/candidates.h"
-#include "realize/emit.h"
+#include "families/gemm/candidates.h"
+#include "families/gemm/emit.h"
 
 namespace fact::realize {
 namespace {

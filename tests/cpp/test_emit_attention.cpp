@@ -9,7 +9,7 @@
 
 #include "golden.h"
 #include "ir/error.h"
-#include "realize/attention.h"
+#include "families/attention/attention.h"
 #include "registry/registry.h"
 #include "scratch_dir.h"
 

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "golden.h"
-#include "realize/norm.h"
+#include "families/norm/norm.h"
 
 namespace fact::realize {
 namespace {

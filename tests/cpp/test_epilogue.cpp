@@ -8,7 +8,7 @@
 
 #include "discover/epilogue.h"
 #include "discover/expr.h"
-#include "discover/gemm_shape.h"
+#include "families/gemm/gemm_shape.h"
 #include "graph_builder.h"
 
 namespace fact::test {

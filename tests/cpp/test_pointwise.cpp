@@ -1,5 +1,5 @@
-// Pointwise regions: what the planner groups after the other rules (discover/rule_pointwise.cpp)
-// and the kernels emitted for them (realize/pointwise.h), with golden files.
+// Pointwise regions: what the planner groups after the other rules (families/pointwise/rule_pointwise.cpp)
+// and the kernels emitted for them (families/pointwise/pointwise.h), with golden files.
 //
 // Update the golden files after an intended change with FACT_UPDATE_GOLDEN=1 ctest -R Pointwise.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "golden.h"
-#include "realize/pointwise.h"
+#include "families/pointwise/pointwise.h"
 #include "sample_graphs.h"
 
 namespace fact::test {

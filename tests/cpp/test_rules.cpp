@@ -1064,7 +1064,7 @@ TEST(RuleNorm, MeanWithoutKeepdimIsAMiss) {
 }
 
 // Regression tests for a bug these tests found (since fixed): match_rms_norm_handwritten
-// (engine/discover/rule_norm.cpp) put the square, the mean, the + eps and the rsqrt into the
+// (engine/families/norm/rule_norm.cpp) put the square, the mean, the + eps and the rsqrt into the
 // pattern without checking that nothing else reads them, so the fused norm swallowed a value
 // the program needs.
 GraphBuilder rms_norm_graph_with_extra_reader(const std::string& what) {
@@ -1102,7 +1102,7 @@ TEST(RuleNorm, HandWrittenRmsNormDoesNotSwallowAMeanThatIsReturned) {
 }
 
 // Regression tests for a bug these tests found (since fixed): match_gated_mlp
-// (engine/discover/rule_gated_mlp.cpp) with activation_between (engine/discover/epilogue.cpp)
+// (engine/families/gemm/rule_gated_mlp.cpp) with activation_between (engine/discover/epilogue.cpp)
 // checked the users of every activation node except the activation's output itself, so
 // act(x @ W1) was fused away even when it is also returned or read by another node.
 TEST(RuleGatedMlp, ActivationThatIsAlsoReturnedIsNotSwallowed) {

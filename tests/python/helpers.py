@@ -8,6 +8,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
+# Each kernel family's C ABI header lives in its engine folder; the others include the GEMM one.
+ABI_DIRS = [REPO / "engine" / "families" / f for f in ("gemm", "attention", "norm", "pointwise")]
+
+
+def abi_header(name: str) -> Path:
+    """The path of ABI header `name` (fact_gemm_abi.h, ...)."""
+    return next(d / name for d in ABI_DIRS if (d / name).exists())
 
 
 def node_named(graph: dict, name: str) -> dict:

@@ -34,11 +34,10 @@ from fact.compose.optimize import fresh_inputs, rel_err
 from fact.errors import FactError
 from fact.tune.abi import FactPointwiseArgs, KernelLibrary
 from fact.tune.reference import NotSupportedError, eval_epilogue, eval_pointwise
-from helpers import REPO
+from helpers import ABI_DIRS, REPO
 from pointwise_modules import RopeProjection, apply_rope, rope_tables
 
 POINTWISE_OP = torch.ops.fact.pointwise.default
-ABI_DIR = REPO / "engine" / "realize" / "abi"
 GCC = shutil.which("gcc")  # FactPointwiseArgs against the header: test_tune_cpu.py
 
 
@@ -406,7 +405,8 @@ def fake_rope_library(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("fake_pointwise")
     src, lib = folder / "fake_rope.c", folder / "fake_rope.so"
     src.write_text(FAKE_ROPE_C)
-    cmd = [GCC, "-O2", "-std=c11", "-shared", "-fPIC", f"-I{ABI_DIR}", str(src), "-o", str(lib)]
+    includes = [f"-I{d}" for d in ABI_DIRS]
+    cmd = [GCC, "-O2", "-std=c11", "-shared", "-fPIC", *includes, str(src), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return lib

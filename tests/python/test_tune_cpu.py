@@ -55,9 +55,8 @@ from fact.tune.reference import (
     pytorch_candidate,
     reference,
 )
-from helpers import REPO
+from helpers import ABI_DIRS, REPO, abi_header
 
-ABI_DIR = REPO / "engine" / "realize" / "abi"
 GCC = shutil.which("gcc")
 needs_gcc = pytest.mark.skipif(GCC is None, reason="needs gcc")
 
@@ -157,7 +156,8 @@ def bias_ssa():
 def compile_c(source: str, out: Path, *flags: str, shared: bool = False) -> Path:
     src = out.with_suffix(".c")
     src.write_text(source)
-    cmd = [GCC, "-O2", "-std=c11", f"-I{ABI_DIR}", str(src), "-o", str(out), *flags, "-lm"]
+    includes = [f"-I{d}" for d in ABI_DIRS]
+    cmd = [GCC, "-O2", "-std=c11", *includes, str(src), "-o", str(out), *flags, "-lm"]
     if shared:
         cmd[1:1] = ["-shared", "-fPIC"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -399,7 +399,7 @@ int main(void) {{
 
 def _declared_fields(header: str, name: str) -> list[str]:
     """The field names of `typedef struct NAME {...} NAME;` in the header, in order."""
-    text = (ABI_DIR / header).read_text()
+    text = abi_header(header).read_text()
     body = text[text.index(f"typedef struct {name} {{") : text.index(f"}} {name};")]
     body = re.sub(r"/\*.*?\*/", "", body, flags=re.S).split("{", 1)[1]
     declared = []
@@ -545,7 +545,8 @@ def test_function_table_matches_expr_cpp_and_emit_cpp():
     expr = _table_entries((REPO / "engine/discover/expr.cpp").read_text())
     assert expr, "expr.cpp's table format changed: update _table_entries"
     assert {name: arity for name, (arity, _) in FUNCTIONS.items()} == expr
-    emitted = set(re.findall(r'fn == "(\w+)"', (REPO / "engine/realize/emit.cpp").read_text()))
+    emit_cpp = REPO / "engine" / "families" / "gemm" / "emit.cpp"
+    emitted = set(re.findall(r'fn == "(\w+)"', emit_cpp.read_text()))
     assert emitted == set(FUNCTIONS)
 
 
@@ -2461,6 +2462,11 @@ def test_cli_tunes_attention_patterns(fake_attention, fake_kernels, tmp_path):
         assert imp.returncode == 0, imp.stderr
 
 
+def _measures(pattern: dict) -> dict:
+    """A manifest entry's "measures", as realize writes it for a kernel of `pattern`."""
+    return {k: pattern[k] for k in ("family", "signature", "problem")}
+
+
 def test_tune_run_tunes_a_kernel_shared_by_two_patterns_for_each(
     engine_available, fake_attention, tmp_path
 ):
@@ -2480,8 +2486,9 @@ def test_tune_run_tunes_a_kernel_shared_by_two_patterns_for_each(
     shutil.copy(fake_attention("att_good"), run / "lib" / "good.so")
     manifest = [
         {"pattern_index": i, "family": "attention", "kernel": "good", "status": "compiled",
-         "library": "lib/good.so", "config": attention_info("good")["config"]}
-        for i in (0, 1)
+         "library": "lib/good.so", "config": attention_info("good")["config"],
+         "measures": _measures(p)}
+        for i, p in enumerate((short, longer))
     ]  # fmt: skip
     (run / "manifest.json").write_text(json.dumps(manifest))
     registry = ["--registry", str(tmp_path / "r.db")]
@@ -2514,7 +2521,8 @@ def test_tune_run_tunes_repeated_patterns_once(engine_available, fake_attention,
     shutil.copy(fake_attention("att_good"), run / "lib" / "good.so")
     manifest = [
         {"pattern_index": i, "family": "attention", "kernel": "good", "status": "compiled",
-         "library": "lib/good.so", "config": attention_info("good")["config"]}
+         "library": "lib/good.so", "config": attention_info("good")["config"],
+         "measures": _measures(layer)}
         for i in range(3)
     ]  # fmt: skip
     (run / "manifest.json").write_text(json.dumps(manifest))
@@ -2545,7 +2553,8 @@ def test_tune_run_measures_attention_kernels(engine_available, fake_attention, t
     shutil.copy(fake_attention("att_wrong", "wrong"), run / "lib" / "wrong.so")
     manifest = [
         {"pattern_index": 0, "family": "attention", "kernel": k, "status": "compiled",
-         "library": f"lib/{k}.so", "config": attention_info(k)["config"]}
+         "library": f"lib/{k}.so", "config": attention_info(k)["config"],
+         "measures": _measures(pattern)}
         for k in ("good", "wrong")
     ]  # fmt: skip
     (run / "manifest.json").write_text(json.dumps(manifest))

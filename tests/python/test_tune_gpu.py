@@ -169,7 +169,7 @@ def test_tune_survives_an_illegal_address(tmp_path):
         "-Xcompiler",
         "-fPIC",
         f"-arch=sm_{major}{minor}",
-        f"-I{REPO / 'engine/realize/abi'}",
+        f"-I{REPO / 'engine/families/gemm'}",
         str(src),
         "-o",
         str(lib),

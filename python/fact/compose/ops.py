@@ -4,7 +4,7 @@
 The op is registered with torch.library, so the composed module traces under torch.compile,
 export and fake tensors, and records into CUDA graphs: it allocates its output (and any
 workspace) from PyTorch's caching allocator and launches on PyTorch's current stream through the
-kernel's C ABI (engine/realize/abi/fact_gemm_abi.h; fact_norm_abi.h, fact_attention_abi.h and
+kernel's C ABI (engine/families/gemm/fact_gemm_abi.h; fact_norm_abi.h, fact_attention_abi.h and
 fact_pointwise_abi.h for the other families). Run eagerly on real tensors, a composed module
 calls each op's Python body directly (BODIES, impls.direct_calls), skipping the dispatcher.
 

@@ -1,6 +1,6 @@
 """fact.tune: load compiled kernels through the C ABI, verify them, time them.
 
-    abi        ctypes mirror of engine/realize/abi/fact_*_abi.h; KernelLibrary (no torch)
+    abi        ctypes mirror of engine/families/*/fact_*_abi.h; KernelLibrary (no torch)
     reference  what a plan pattern computes: float64 reference, unfused PyTorch candidate
     inputs     fresh random inputs laid out for a kernel; FactGemmArgs over them
     attention  fused attention patterns: spec, inputs, reference, FactAttentionArgs, the

@@ -1,4 +1,4 @@
-"""ctypes mirror of the FACT kernel C ABI, version 7 (engine/realize/abi/fact_gemm_abi.h; for
+"""ctypes mirror of the FACT kernel C ABI, version 7 (engine/families/gemm/fact_gemm_abi.h; for
 row-norm kernels fact_norm_abi.h, for fused attention kernels fact_attention_abi.h, for pointwise
 kernels fact_pointwise_abi.h).
 
@@ -50,7 +50,7 @@ _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 _N = FACT_MAX_EPILOGUE_OPERANDS
 
-#: Run-time raster knob: LaunchKnobs' names (engine/realize/config.h) to the ABI's ints.
+#: Run-time raster knob: LaunchKnobs' names (engine/families/gemm/config.h) to the ABI's ints.
 RASTER = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: Run-time reduction knob of stream-K kernels: how partial sums of a split tile are added.
 REDUCTION = {"deterministic": 0, "nondeterministic": 1}

@@ -7,10 +7,11 @@ verification and timing of one kernel or of PyTorch's scaled_dot_product_attenti
     run_kernel(KernelLibrary(path), inputs.q, inputs.k, inputs.v, inputs.o, spec)
     err, why = harness.rel_err(inputs.o, reference(spec, inputs.q, inputs.k, inputs.v))
 
-The kernel ABI is engine/realize/abi/fact_attention_abi.h: O[b, h, s] = softmax(scale * Q[b, h, s]
-. K[b, hk, :]^T (+ causal mask)) @ V[b, hk, :] with hk = h // (heads // kv_heads) (grouped-query
-attention as repeat_interleave), the causal mask top-left aligned (query s sees keys t <= s, as
-PyTorch's is_causal), every tensor through its own element strides.
+The kernel ABI is engine/families/attention/fact_attention_abi.h:
+O[b, h, s] = softmax(scale * Q[b, h, s] . K[b, hk, :]^T (+ causal mask)) @ V[b, hk, :] with
+hk = h // (heads // kv_heads) (grouped-query attention as repeat_interleave), the causal mask
+top-left aligned (query s sees keys t <= s, as PyTorch's is_causal), every tensor through its own
+element strides.
 
 `evaluate_attention_kernel` and `evaluate_attention_pytorch` return the harness's result rows
 (harness.make_row); harness.evaluate_kernel / evaluate_pytorch / tune dispatch here for
@@ -46,8 +47,8 @@ from fact.tune.reference import NotSupportedError, torch_dtype
 FAMILY = "attention"
 #: The problem's sizes (docs/plan-format.md); a problem override may set any of them.
 PROBLEM_KEYS = ("batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "head_dim_v")
-#: Q/K/V/O element types the kernels are generated for (engine/realize/attention.cpp): bf16 and
-#: f16 by Hopper's FMHA; f32 by Hopper's FMHA in TF32 or the sm80 kernel in TF32 where the
+#: Q/K/V/O element types the kernels are generated for (engine/families/attention/attention.cpp):
+#: bf16 and f16 by Hopper's FMHA; f32 by Hopper's FMHA in TF32 or the sm80 kernel in TF32 where the
 #: precision allows TF32, by the sm80 kernel in 3xTF32 under "highest".
 DTYPES = ("bf16", "f16", "f32")
 #: Pattern steps a fused attention kernel computes (dropout: identity in inference).

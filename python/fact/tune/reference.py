@@ -2,7 +2,7 @@
 unfused PyTorch candidate.
 
 `gemm_spec` reads a pattern the way stage 2 does (GemmSpec::from_pattern in
-engine/realize/emit.cpp): the epilogue operands are the operands whose role is neither "a" nor
+engine/families/gemm/emit.cpp): the epilogue operands are the operands whose role is neither "a" nor
 "b", in plan order, which is the SSA's `operand` index order. `FUNCTIONS` is the epilogue function
 table of engine/discover/expr.cpp with the same math and the same parameter defaults; a CPU test
 compares it with the C++ table entry by entry.

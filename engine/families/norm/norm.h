@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "realize/emit.h"
+#include "realize/kernel.h"
 
 namespace fact::realize {
 

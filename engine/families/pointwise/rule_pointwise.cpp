@@ -8,7 +8,7 @@
 // nothing outside needs an intermediate value). Everything else the region reads is an operand,
 // read in place through its strides. The region's value at an output index is an expression over
 // the operands at that index (broadcast right-aligned), with the last-dim coordinate shifted by
-// the slices and concatenations on the way: see realize/pointwise.h.
+// the slices and concatenations on the way: see families/pointwise/pointwise.h.
 #include <algorithm>
 #include <map>
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "realize/emit.h"
+#include "realize/kernel.h"
 
 namespace fact::registry {
 class Registry;

@@ -1,4 +1,4 @@
-#include "realize/pointwise.h"
+#include "families/pointwise/pointwise.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Emission for pointwise regions (discover/rule_pointwise.cpp): a plan pattern of family
+// Emission for pointwise regions (families/pointwise/rule_pointwise.cpp): a plan pattern of family
 // `pointwise` -> one CUDA C++ kernel per block shape, exporting the C ABI in
 // abi/fact_pointwise_abi.h. Memory-bound: each thread computes 2 or 4 16-byte vectors of the
 // last dim, a block apart; no CUTLASS collective is involved.
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "realize/emit.h"
+#include "realize/kernel.h"
 
 namespace fact::realize {
 

@@ -3,7 +3,7 @@
 
 #include "discover/catalog.h"
 #include "discover/epilogue.h"
-#include "discover/gemm_shape.h"
+#include "families/gemm/gemm_shape.h"
 #include "ir/graph.h"
 
 namespace fact::discover {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "discover/catalog.h"
-#include "discover/gemm_shape.h"
+#include "families/gemm/gemm_shape.h"
 #include "discover/views.h"
 
 namespace fact::discover {

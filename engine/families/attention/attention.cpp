@@ -1,4 +1,4 @@
-#include "realize/attention.h"
+#include "families/attention/attention.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "discover/gemm_shape.h"
+#include "families/gemm/gemm_shape.h"
 
 #include "discover/epilogue.h"
 #include "discover/views.h"

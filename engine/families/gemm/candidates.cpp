@@ -1,4 +1,4 @@
-#include "realize/candidates.h"
+#include "families/gemm/candidates.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "discover/cost_model.h"
 #include "ir/error.h"
 #include "ir/graph.h"
-#include "realize/emit.h"
+#include "families/gemm/emit.h"
 #include "util/strings.h"
 
 namespace fact::realize {

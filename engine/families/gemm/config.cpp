@@ -1,4 +1,4 @@
-#include "realize/config.h"
+#include "families/gemm/config.h"
 
 #include <cstdint>
 #include <regex>

@@ -1,4 +1,4 @@
-#include "realize/norm.h"
+#include "families/norm/norm.h"
 
 #include <algorithm>
 #include <map>

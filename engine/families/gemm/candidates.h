@@ -1,7 +1,7 @@
 // Stage 2's first step for a GEMM-family match: which kernel configs to compile and time.
 //
 //   1. enumerate  literal per-arch lists of GemmConfigs (the way CUTLASS's generator lists its
-//                 instances), not the full cross product of config_space.h's ranges;
+//                 instances), not the full cross product of the plan's search space (entry.cpp);
 //   2. filter     drop the configs that cannot build or cannot run on this problem, each with a
 //                 human reason (shared memory, registers, schedule rules, TMA alignment);
 //   3. rank       a wave-quantization estimate of each survivor's time, adjusted by what the
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "discover/pattern.h"
-#include "realize/config.h"
+#include "families/gemm/config.h"
 #include "registry/registry.h"
 
 namespace fact::realize {

@@ -2,7 +2,7 @@
 // [B1 | B2] whose epilogue multiplies the activated half by the other half.
 #include "discover/catalog.h"
 #include "discover/epilogue.h"
-#include "discover/gemm_shape.h"
+#include "families/gemm/gemm_shape.h"
 #include "discover/views.h"
 
 namespace fact::discover {
