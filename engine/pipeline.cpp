@@ -347,9 +347,18 @@ RealizeResult run_realize(const RealizeOptions& opt) {
   // 4. The manifest: one row per (pattern, kernel), libraries relative to the run directory.
   for (const auto& p : pending) {
     const auto* res = by_name.at(p.kernel);
+    const auto& pattern = r.plan["patterns"][p.pattern];
+    // What the kernel computes, and so what it is tuned and looked up in the registry as: the
+    // pattern, its lowered GEMM (a gated MLP), or its pointwise tail (a library-GEMM form's kernels).
+    const json& computes = p.config.value("form", "") == "tail" ? pattern["tail"]
+                           : pattern.contains("lowered")        ? pattern["lowered"]
+                                                                : pattern;
     json entry = {{"pattern_index", p.pattern},
-                  {"family", r.plan["patterns"][p.pattern]["family"]},
-                  {"signature", r.plan["patterns"][p.pattern]["signature"]},
+                  {"family", pattern["family"]},
+                  {"signature", pattern["signature"]},
+                  {"measures", {{"family", computes["family"]},
+                                {"signature", computes["signature"]},
+                                {"problem", computes["problem"]}}},
                   {"kernel", p.kernel},
                   {"config", p.config},
                   {"cache_key", res->key},

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -171,6 +172,49 @@ int run_registry_command(const RegistryCommand& cmd, std::ostream& out) {
       write_text_file(cmd.output, doc.dump(2) + "\n");
       out << cmd.output << ": " << doc["rows"].size() << " rows exported from " << path << "\n";
     }
+    return 0;
+  }
+  if (cmd.action == "measured") {
+    // What tuning asks before it measures: per built kernel of a run, the registry's fastest
+    // passed row for what it computes (manifest "measures") at that problem, arch and config.
+    const auto reg = open_existing(path);
+    const std::filesystem::path run(cmd.file);
+    auto read_run_file = [&](const char* name) {
+      try {
+        return read_json_file((run / name).string());
+      } catch (const UserError& e) {
+        throw UserError(std::string("cannot read ") + e.what() + "; run `fact realize` again into a fresh --out");
+      }
+    };
+    const json plan = read_run_file("plan.json");
+    const json manifest = read_run_file("manifest.json");
+    const std::string arch = plan.value("arch", "sm90");
+    json kernels = json::array();
+    for (size_t i = 0; i < manifest.size(); ++i) {
+      const json& e = manifest[i];
+      if (!e.is_object() || !e.contains("library")) continue;
+      if (!e.contains("measures")) {
+        throw UserError((run / "manifest.json").string() + ": kernel " + e.value("kernel", std::string("?")) +
+                        " has no \"measures\" (an older fact realize wrote it): run fact realize again");
+      }
+      const json& m = e["measures"];
+      const std::string name = e.value("config", json::object()).value("name", std::string());
+      json best = nullptr;
+      // Exact problems first, fastest first (lookup's order): the first with this config is it.
+      for (const auto& h : reg.lookup(m.at("signature"), arch, m.at("problem"), SIZE_MAX)) {
+        if (h.match != "exact") break;
+        if (h.row.config.is_object() && h.row.config.value("name", std::string()) == name) {
+          best = {{"time_us", h.row.time_us}, {"error", h.row.error}, {"knobs", h.row.knobs},
+                  {"config", h.row.config}, {"provenance", h.row.provenance}};
+          break;
+        }
+      }
+      kernels.push_back({{"manifest_index", i},
+                         {"pattern_index", e.value("pattern_index", -1)},
+                         {"kernel", e.value("kernel", std::string())},
+                         {"row", best}});
+    }
+    out << json({{"registry", path}, {"arch", arch}, {"kernels", kernels}}).dump(2) << "\n";
     return 0;
   }
   if (cmd.action == "import") {

@@ -1,6 +1,7 @@
-// `fact-engine registry list|show ID|export [-o FILE]|import FILE [--registry PATH]`: look into
-// the pattern registry and move its rows between machines (export on the GPU box that tuned
-// them, import elsewhere). The document format is described in registry/registry.h.
+// `fact-engine registry list|show ID|export [-o FILE]|import FILE|measured RUN [--registry PATH]`:
+// look into the pattern registry, move its rows between machines (export on the GPU box that
+// tuned them, import elsewhere), and answer tuning's one question (measured: which kernels of a
+// realize run it has timed). The document format is described in registry/registry.h.
 #pragma once
 
 #include <cstdint>
@@ -14,10 +15,10 @@
 namespace fact::cli {
 
 struct RegistryCommand {
-  std::string action;           // list | show | export | import | salvage | delete (by the parser)
+  std::string action;           // list | show | export | import | salvage | delete | measured | ...
   std::string registry_path;    // --registry; empty: Registry::default_path()
   int64_t id = 0;               // show ID
-  std::string file;             // import FILE
+  std::string file;             // import FILE; measured RUN_DIR
   std::string output;           // export -o FILE; empty: stdout
   registry::ListFilter filter;  // list --signature --arch --disposition --provenance --limit
   std::string kind, status;     // proposals --kind --status; proposal-status ID STATUS
@@ -64,6 +65,10 @@ App* add_registry_command(App& app, RegistryCommand& cmd) {
   salvage->add_option("-o,--output", cmd.output, "write to FILE instead of stdout");
   App* del = action(reg->add_subcommand("delete", "delete one row"), "delete");
   del->add_option("id", cmd.id, "row id, as `registry list` prints it")->required();
+  App* measured = action(reg->add_subcommand("measured", "the fastest passed row of each kernel a `realize` run built (JSON)"),
+                         "measured");
+  measured->add_option("run", cmd.file, "run directory of `fact-engine realize` (its plan.json and manifest.json)")
+      ->required();
   App* imp = action(reg->add_subcommand("import", "add an export document's rows (all or nothing; duplicates skipped)"),
                     "import");
   imp->add_option("file", cmd.file, "export document (JSON)")->required();

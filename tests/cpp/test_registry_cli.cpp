@@ -285,6 +285,43 @@ TEST_F(RegistryCli, ALaterMeasurementReplacesTheStoredOne) {
   }
 }
 
+TEST_F(RegistryCli, MeasuredAnswersPerKernelOfARun) {
+  // What tuning asks: per built kernel of a realize run, the fastest passed row for what it
+  // computes ("measures") at that problem, arch and config name; null where there is none.
+  auto reg = Registry::open_writable(path("r.db"));
+  fill(reg);
+  reg.insert(row("gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col", 4096, 99.0, "a"));  // faster, same config
+  reg.insert(row("gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col", 4096, 50.0, "z", "incorrect"));
+  const json problem = {{"batch", 1}, {"m", 4096}, {"n", 3072}, {"k", 768}};
+  const json measures = {{"family", "gemm"}, {"signature", "gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col"},
+                         {"problem", problem}};
+  fs::create_directories(dir_ / "run");
+  write("run/plan.json", json({{"arch", "sm90"}, {"patterns", json::array()}}).dump());
+  json manifest = json::array();
+  for (const char* name : {"a", "b", "z"}) {
+    manifest.push_back({{"pattern_index", 0}, {"kernel", std::string("k_") + name}, {"library", "lib/x.so"},
+                        {"config", {{"name", name}}}, {"measures", measures}});
+  }
+  manifest.push_back({{"pattern_index", 1}, {"status", "not_supported"}});  // nothing built: not listed
+  write("run/manifest.json", manifest.dump());
+  std::string out;
+  ASSERT_EQ(run("measured", path("r.db"), &out, path("run")), 0);
+  const json doc = json::parse(out);
+  ASSERT_EQ(doc["kernels"].size(), 3u);
+  EXPECT_EQ(doc["kernels"][0]["kernel"], "k_a");
+  EXPECT_EQ(doc["kernels"][0]["row"]["time_us"], 99.0);
+  EXPECT_TRUE(doc["kernels"][1]["row"].is_null());  // "b" was timed at another m only
+  EXPECT_TRUE(doc["kernels"][2]["row"].is_null());  // "z" never passed
+  // A manifest from before "measures" is refused with what to do.
+  manifest[0].erase("measures");
+  write("run/manifest.json", manifest.dump());
+  const auto why = error_of([&] { run("measured", path("r.db"), nullptr, path("run")); });
+  EXPECT_NE(why.find("run fact realize again"), std::string::npos) << why;
+  // A registry that does not exist is said by name, as for export.
+  EXPECT_NE(error_of([&] { run("measured", path("none.db"), nullptr, path("run")); }).find("does not exist"),
+            std::string::npos);
+}
+
 TEST_F(RegistryCli, SeedFileImports) {
   const std::string seed = std::string(FACT_TEST_DATA) + "/../../../data/registry_seed.json";
   const auto doc = cli::read_json_file(seed);

@@ -304,12 +304,14 @@ def test_warm_tune_skips_what_the_registry_measured(engine_available, tmp_path):
     run = tmp_path / "run"
     (run / "lib").mkdir(parents=True)
     (run / "lib" / "k.so").write_bytes(b"")
-    pattern = {"signature": "gemm[bias]:bf16,bf16->bf16:row,col", "problem": {"batch": 1, "m": 64}}
+    pattern = {"family": "gemm", "signature": "gemm[bias]:bf16,bf16->bf16:row,col",
+               "problem": {"batch": 1, "m": 64}}  # fmt: skip
     (run / "plan.json").write_text(json.dumps({"arch": "sm90", "patterns": [pattern]}))
     config = {"name": "t128x128x64_c1x1_coop_tmacoop_sauto_persistent", "tile": [128, 128, 64],
               "cluster": [1, 1], "kernel_schedule": "cooperative",
               "epilogue_schedule": "tma_cooperative", "stages": 0}  # fmt: skip
-    entry = {"pattern_index": 0, "kernel": "k", "library": "lib/k.so", "config": config}
+    entry = {"pattern_index": 0, "kernel": "k", "library": "lib/k.so", "config": config,
+             "measures": pattern}  # fmt: skip
     (run / "manifest.json").write_text(json.dumps([entry]))
     registry = tmp_path / "registry.db"
     assert _unmeasured(run, ["--registry", str(registry)]) is None  # no registry yet

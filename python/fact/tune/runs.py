@@ -31,10 +31,20 @@ def _read_json(path: Path) -> Any:
         ) from None
 
 
-def _tuning_key(plan: dict, entry: dict) -> tuple:
-    """What a kernel is tuned for: its pattern's signature and problem, and the kernel."""
-    pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]], entry)
-    return (pattern["signature"], json.dumps(pattern["problem"], sort_keys=True), entry["kernel"])
+def _tuning_key(entry: dict) -> tuple:
+    """What a kernel is tuned for: what it computes (signature and problem), and the kernel."""
+    m = entry["measures"]
+    return (m["signature"], json.dumps(m["problem"], sort_keys=True), entry["kernel"])
+
+
+def measured(run: Path, registry: list[str]) -> dict[tuple[int, str], dict | None]:
+    """The registry's fastest passed row for each built kernel of a `fact realize` run, by
+    (pattern index, kernel): {time_us, error, knobs, config, provenance}, or None where the
+    registry has not timed that kernel at that problem and arch. One engine command answers
+    (`fact-engine registry measured RUN`); EngineError when the registry cannot be read or
+    does not exist."""
+    doc = json.loads(run_engine(["registry", "measured", str(run), *registry]).stdout)
+    return {(k["pattern_index"], k["kernel"]): k["row"] for k in doc["kernels"]}
 
 
 def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict] | None:
@@ -43,7 +53,7 @@ def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict
     cannot be read raises EngineError when `strict` (`fact tune`, which will write into it:
     say so before tuning), else it is warned about and counts as none (optimize's tuning)."""
     try:
-        doc = json.loads(run_engine(["registry", "export", *registry]).stdout)
+        rows = measured(run, registry)
     except EngineError as exc:
         if "does not exist" not in str(exc):  # a damaged registry is a hint lost, not an error
             if strict:
@@ -54,32 +64,12 @@ def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict
                 stacklevel=2,
             )
         return None  # no registry to ask: everything is new
-    plan = _read_json(run / "plan.json")
     manifest = _read_json(run / "manifest.json")
-    known = {
-        (
-            r["signature"],
-            r["arch"],
-            json.dumps(r["problem"], sort_keys=True),
-            r["config"].get("name"),
-        )
-        for r in doc.get("rows", [])
-        if r.get("disposition") == "passed"
-    }
-    pending = []
-    for entry in manifest:
-        if not entry.get("library"):
-            continue
-        pattern = tuned_pattern(plan["patterns"][entry["pattern_index"]], entry)
-        key = (
-            pattern["signature"],
-            plan.get("arch", "sm90"),
-            json.dumps(pattern["problem"], sort_keys=True),
-            entry["config"].get("name"),
-        )
-        if key not in known:
-            pending.append(entry)
-    return pending
+    return [
+        e
+        for e in manifest
+        if e.get("library") and rows.get((e["pattern_index"], e["kernel"])) is None
+    ]
 
 
 def tune_run(
@@ -117,11 +107,7 @@ def tune_run(
     # GEMM-family and attention kernels go through the harness; the others (row norms,
     # pointwise regions) are verified and timed where they run, in the composed module's
     # context, and listed untimed below.
-    pending = [
-        e
-        for e in pending
-        if tuned_pattern(plan["patterns"][e["pattern_index"]], e).get("family") in TUNED_FAMILIES
-    ]
+    pending = [e for e in pending if e["measures"]["family"] in TUNED_FAMILIES]
     # A model's layers repeat their patterns: a kernel is tuned once per (signature, problem),
     # and the other patterns with that problem take the first one's rows below.
     fresh: list[dict] = []
@@ -132,7 +118,7 @@ def tune_run(
         for e in pending:
             if e["pattern_index"] != index:
                 continue
-            if seen.setdefault(_tuning_key(plan, e), index) == index:
+            if seen.setdefault(_tuning_key(e), index) == index:
                 entries.append(e)
         if not entries:
             if progress:
@@ -159,17 +145,14 @@ def tune_run(
                 f"they are in {export} (`fact registry import` it into a readable registry)",
                 stacklevel=2,
             )
-    known: list[dict] = []
-    try:
-        known = json.loads(run_engine(["registry", "export", *registry]).stdout).get("rows", [])
+    try:  # after the import: this run's rows are in it too
+        known = measured(run, registry)
     except Exception:  # noqa: BLE001 - no registry: only this run's rows count
-        known = []
+        known = {}
     best: dict[int, list[dict]] = {}
     for entry in built:
         index = entry["pattern_index"]
-        pattern = tuned_pattern(plan["patterns"][index], entry)
-        name = entry["config"].get("name")
-        if pattern.get("family") not in TUNED_FAMILIES:
+        if entry["measures"]["family"] not in TUNED_FAMILIES:
             best.setdefault(index, []).append(
                 {
                     "time_us": None,
@@ -183,7 +166,7 @@ def tune_run(
                 }
             )
             continue
-        tuned_as = seen.get(_tuning_key(plan, entry), index)  # a repeated pattern: the first's
+        tuned_as = seen.get(_tuning_key(entry), index)  # a repeated pattern: the first's
         mine = [
             r
             for r in fresh
@@ -200,18 +183,9 @@ def tune_run(
                 "source": "tuned",
             }
         else:
-            rows = [
-                r
-                for r in known
-                if r.get("disposition") == "passed"
-                and r.get("signature") == pattern["signature"]
-                and r.get("arch") == arch
-                and r.get("problem") == pattern["problem"]
-                and (r.get("config") or {}).get("name") == name
-            ]
-            if not rows:
+            row = known.get((index, entry["kernel"]))
+            if row is None:
                 continue
-            row = min(rows, key=lambda r: r.get("time_us") or float("inf"))
             cand = {
                 "time_us": row.get("time_us"),
                 "error": row.get("error"),
