@@ -46,7 +46,7 @@ thread_local char g_error[512] = "";
 // These kernels never trigger their own dependents early (griddepcontrol.launch_dependents):
 // they run tens of thousands of short blocks, and the trigger at the start of each block made
 // the MiniGPT LayerNorm 57 % slower on the H200 (83 against 53 us, launched either way), where
-// the wait costs nothing measurable (bench/README.md, twentieth session). The next kernel then
+// the wait costs nothing measurable (bench/results/2026-12-02-pdl/). The next kernel then
 // launches when this one's blocks have exited, as after a plain launch.
 __device__ __forceinline__ void fact_wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
