@@ -19,10 +19,24 @@ trap 'cd "$FACT_DEVICE_OUT" && tar czf res.tgz r && rm -rf r' EXIT
 export OUT=$FACT_DEVICE_OUT/r
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv > "$OUT/smi.txt"
 
-# The held-out calls' start: the kernels compiled on the CPU machine (.device/kcache.tar.xz) into
-# the cache, and a new registry seeded with the shipped configs and lowerings.
+# The held-out calls' start: the kernels compiled on the CPU machine (.device/kcache.tar.xz, where
+# carried) into the cache, and a new registry seeded with the shipped configs and lowerings.
 fact_device_seed() {
-  mkdir -p "$FACT_CACHE_DIR" && tar xJf .device/kcache.tar.xz -C "$FACT_CACHE_DIR"
+  mkdir -p "$FACT_CACHE_DIR"
+  [ -f .device/kcache.tar.xz ] && tar xJf .device/kcache.tar.xz -C "$FACT_CACHE_DIR"
   [ -f "$FACT_REGISTRY" ] || { "$FACT_ENGINE" registry import data/registry_seed.json > /dev/null &&
     python3 -m fact agent import data/lowerings.json > /dev/null; }
+}
+
+# Compile the kernels of problem files into the cache before anything is timed, four problems at
+# a time with four nvcc jobs each (the machine's 16 cores; the CPU machine's two take about five
+# minutes per GEMM problem): timings then never share the CPU with nvcc. Logs in $OUT/prewarm/.
+# Usage: fact_device_prewarm DTYPE PRECISION PROBLEM.py ...
+fact_device_prewarm() {
+  local dtype=$1 precision=$2
+  shift 2
+  mkdir -p "$OUT/prewarm"
+  printf '%s\n' "$@" | xargs -P4 -I{} sh -c 'p={}; n=$(basename "$p" .py);
+    python3 -m fact realize "$p" --dtype '"$dtype"' --precision '"$precision"' --candidates 4 \
+      --jobs 4 --out "$RUNS/prewarm/$n" > "$OUT/prewarm/$n.log" 2>&1; echo "prewarm $n rc=$?"'
 }
