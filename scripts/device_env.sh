@@ -30,13 +30,16 @@ fact_device_seed() {
 
 # Compile the kernels of problem files into the cache before anything is timed, four problems at
 # a time with four nvcc jobs each (the machine's 16 cores; the CPU machine's two take about five
-# minutes per GEMM problem): timings then never share the CPU with nvcc. Logs in $OUT/prewarm/.
+# minutes per GEMM problem): timings then never share the CPU with nvcc. Kernels already in the
+# cache cost a few seconds. At most PREWARM_S seconds (default 300); logs in $OUT/prewarm/.
 # Usage: fact_device_prewarm DTYPE PRECISION PROBLEM.py ...
 fact_device_prewarm() {
   local dtype=$1 precision=$2
   shift 2
   mkdir -p "$OUT/prewarm"
-  printf '%s\n' "$@" | xargs -P4 -I{} sh -c 'p={}; n=$(basename "$p" .py);
-    python3 -m fact realize "$p" --dtype '"$dtype"' --precision '"$precision"' --candidates 4 \
-      --jobs 4 --out "$RUNS/prewarm/$n" > "$OUT/prewarm/$n.log" 2>&1; echo "prewarm $n rc=$?"'
+  printf '%s\n' "$@" | timeout "${PREWARM_S:-300}" xargs -d '\n' -P4 -I{} sh -c '
+    n=$(basename "$1" .py)
+    python3 -m fact realize "$1" --dtype "$2" --precision "$3" --candidates 4 --jobs 4 \
+      --out "$RUNS/prewarm/$n" > "$OUT/prewarm/$n.log" 2>&1
+    echo "prewarm $n rc=$?"' _ {} "$dtype" "$precision"
 }

@@ -200,14 +200,15 @@ int run_registry_command(const RegistryCommand& cmd, std::ostream& out) {
       const json& m = e["measures"];
       const std::string name = e.value("config", json::object()).value("name", std::string());
       json best = nullptr;
-      // Exact problems first, fastest first (lookup's order): the first with this config is it.
+      // Exact problems first, fastest first (lookup's order): the first with this config and a
+      // time is it; a row without a time (0) only where no other is.
       for (const auto& h : reg.lookup(m.at("signature"), arch, m.at("problem"), SIZE_MAX)) {
         if (h.match != "exact") break;
-        if (h.row.config.is_object() && h.row.config.value("name", std::string()) == name) {
-          best = {{"time_us", h.row.time_us}, {"error", h.row.error}, {"knobs", h.row.knobs},
-                  {"config", h.row.config}, {"provenance", h.row.provenance}};
-          break;
-        }
+        if (!h.row.config.is_object() || h.row.config.value("name", std::string()) != name) continue;
+        if (!best.is_null() && h.row.time_us <= 0) continue;
+        best = {{"time_us", h.row.time_us}, {"error", h.row.error}, {"knobs", h.row.knobs},
+                {"config", h.row.config}, {"provenance", h.row.provenance}};
+        if (h.row.time_us > 0) break;
       }
       kernels.push_back({{"manifest_index", i},
                          {"pattern_index", e.value("pattern_index", -1)},

@@ -292,6 +292,7 @@ TEST_F(RegistryCli, MeasuredAnswersPerKernelOfARun) {
   fill(reg);
   reg.insert(row("gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col", 4096, 99.0, "a"));  // faster, same config
   reg.insert(row("gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col", 4096, 50.0, "z", "incorrect"));
+  reg.insert(row("gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col", 4096, 0.0, "a"));  // passed, no time
   const json problem = {{"batch", 1}, {"m", 4096}, {"n", 3072}, {"k", 768}};
   const json measures = {{"family", "gemm"}, {"signature", "gemm[bias+gelu_tanh]:bf16,bf16->bf16:row,col"},
                          {"problem", problem}};

@@ -330,6 +330,23 @@ def test_warm_tune_skips_what_the_registry_measured(engine_available, tmp_path):
     assert main(["tune", str(run), "--registry", str(registry)]) == 0
 
 
+def test_tune_of_a_run_from_before_measures_says_to_realize_again(engine_available, tmp_path):
+    """A manifest without "measures" (an older realize) is the run's fault, not the registry's:
+    optimize's tuning (strict=False) says so too, rather than warning about the registry."""
+    from fact.errors import FactError
+    from fact.tune.runs import tune_run, unmeasured
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"arch": "sm90", "patterns": [{}]}))
+    entry = {"pattern_index": 0, "kernel": "k", "library": "lib/k.so", "config": {"name": "c"}}
+    (run / "manifest.json").write_text(json.dumps([entry]))
+    registry = ["--registry", str(tmp_path / "registry.db")]
+    for call in (lambda: unmeasured(run, registry, strict=False), lambda: tune_run(run, "high")):
+        with pytest.raises(FactError, match=r"\['k'\] have no \"measures\".*fact realize"):
+            call()
+
+
 ATTENTION_PROBLEM = textwrap.dedent(
     """
     import math

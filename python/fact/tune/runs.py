@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fact.engine import run_engine
-from fact.errors import EngineError
+from fact.errors import EngineError, FactError
 from fact.tune.harness import TUNED_FAMILIES  # GEMMs, attention; not norms, pointwise
 
 
@@ -21,8 +21,6 @@ def tuned_pattern(pattern: dict, entry: dict | None = None) -> dict:
 
 
 def _read_json(path: Path) -> Any:
-    from fact.errors import FactError
-
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -52,6 +50,13 @@ def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict
     arch, problem and config), or None when there is no registry to ask yet. A registry that
     cannot be read raises EngineError when `strict` (`fact tune`, which will write into it:
     say so before tuning), else it is warned about and counts as none (optimize's tuning)."""
+    manifest = _read_json(run / "manifest.json")
+    stale = [e.get("kernel") for e in manifest if e.get("library") and "measures" not in e]
+    if stale:  # the run's fault, not the registry's: say so whatever `strict` is
+        raise FactError(
+            f'{run / "manifest.json"}: kernels {stale} have no "measures" (an older fact '
+            "realize wrote it); run `fact realize` again into a fresh --out"
+        )
     try:
         rows = measured(run, registry)
     except EngineError as exc:
@@ -64,7 +69,6 @@ def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict
                 stacklevel=2,
             )
         return None  # no registry to ask: everything is new
-    manifest = _read_json(run / "manifest.json")
     return [
         e
         for e in manifest

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 31 after the per-call host trims (forward's grad switch, the per-call graph called
 # without nn.Module's call path, a cheaper signature, the device check of prepared launches, the
-# bench's host time read in runs behind one GPU spin): (0) the problems' kernels compiled first,
-# on the GPU machine's 16 cores (scripts/device_env.sh: fact_device_prewarm); (1) each layer of
-# the call path of gemm_scale_leaky and pointwise_bias_swish (bench/percall_probe.py; call 4 of
-# 2026-12-07 has the same table before the trims); (2) the held-out GEMM modules no call has
-# reached yet, and gemm_scale_leaky again, through fact bench (T seconds).
+# bench's host time read in runs behind one GPU spin): (0) the kernels of call 1 and call 2's
+# problems compiled first, on the GPU machine's 16 cores (scripts/device_env.sh:
+# fact_device_prewarm, at most PREWARM_S seconds); (1) each layer of the call path of
+# gemm_scale_leaky and pointwise_bias_swish (bench/percall_probe.py; call 4 of 2026-12-07 has
+# the same table before the trims). Call 2 benches the held-out modules.
 set -uo pipefail
 source scripts/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -15,12 +15,9 @@ LIST=${PROBLEMS:-"gemm_sigmoid_gate gemm_silu_div_clamp_tanh gemm_elu_scale gemm
   gemm_nobias_hardswish gemm_scale_hardtanh_gelu gemm_softplus_tanh_down
   gemm_add_silu_tanh_gelu_hardtanh pointwise_three_inputs gemm_scale_leaky"}
 FILES=(); for p in $LIST; do [ -f "$p" ] && FILES+=("$p") || FILES+=("$H/$p.py"); done
+PREWARM_S=${PREWARM_S:-330}
 time fact_device_prewarm bf16 high "${FILES[@]}" $H/pointwise_bias_swish.py
 timeout 150 python3 bench/percall_probe.py --out "$OUT/probe" $H/gemm_scale_leaky.py \
   $H/pointwise_bias_swish.py > "$OUT/probe.log" 2>&1
 echo "probe rc=$?"
-timeout "${T:-330}" python3 bench/heldout.py --out "$OUT/heldout" --runs "$RUNS/heldout" --bandwidth \
-  "${FILES[@]}" > "$OUT/heldout.log" 2>&1
-echo "heldout rc=$?"; grep -E "^== |Error|error:|compiling" "$OUT/heldout.log" | cut -c1-160 | tail -24
 grep -A12 "^problem " "$OUT/probe.log"
-cat "$OUT/heldout/heldout.md" 2>/dev/null; grep "TB/s" "$OUT/heldout.log"
