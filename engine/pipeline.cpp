@@ -302,7 +302,6 @@ RealizeResult run_realize(const RealizeOptions& opt) {
     const auto& match = d.discovery.chosen[i].match;
     const auto& pattern = r.plan["patterns"][i];
     families::RealizeStep step;
-    step.index = i;
     step.match = &match;
     step.pattern = &pattern;
     step.arch = opt.discover.arch;

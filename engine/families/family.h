@@ -26,7 +26,6 @@ namespace fact::families {
 // Stage 2 for one chosen pattern: what a family's realize step reads, and the two things it may
 // do (add a kernel to compile, or refuse with the reason the manifest shows).
 struct RealizeStep {
-  size_t index = 0;                     // the pattern's index in the plan
   const discover::Match* match = nullptr;
   const nlohmann::json* pattern = nullptr;  // the plan's pattern
   std::string arch;                     // sm90 | sm80

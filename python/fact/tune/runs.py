@@ -35,6 +35,12 @@ def _tuning_key(entry: dict) -> tuple:
     return (m["signature"], json.dumps(m["problem"], sort_keys=True), entry["kernel"])
 
 
+def _key(entry: dict) -> tuple[int, str]:
+    """A manifest entry's key: one kernel can serve several patterns (same signature, other
+    sizes), each tuned at its own problem."""
+    return (entry["pattern_index"], entry["kernel"])
+
+
 def measured(run: Path, registry: list[str]) -> dict[tuple[int, str], dict | None]:
     """The registry's fastest passed row for each built kernel of a `fact realize` run, by
     (pattern index, kernel): {time_us, error, knobs, config, provenance}, or None where the
@@ -42,14 +48,15 @@ def measured(run: Path, registry: list[str]) -> dict[tuple[int, str], dict | Non
     (`fact-engine registry measured RUN`); EngineError when the registry cannot be read or
     does not exist."""
     doc = json.loads(run_engine(["registry", "measured", str(run), *registry]).stdout)
-    return {(k["pattern_index"], k["kernel"]): k["row"] for k in doc["kernels"]}
+    return {_key(k): k["row"] for k in doc["kernels"]}
 
 
-def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict] | None:
-    """The run's manifest entries that the registry has no passed row for (same signature,
-    arch, problem and config), or None when there is no registry to ask yet. A registry that
-    cannot be read raises EngineError when `strict` (`fact tune`, which will write into it:
-    say so before tuning), else it is warned about and counts as none (optimize's tuning)."""
+def _registry_rows(
+    run: Path, registry: list[str], strict: bool
+) -> tuple[list[dict], dict[tuple[int, str], dict | None] | None]:
+    """The run's manifest, and measured() for it, or None when there is no registry to ask
+    yet. A registry that cannot be read raises EngineError when `strict`, else it is warned
+    about and counts as none."""
     manifest = _read_json(run / "manifest.json")
     stale = [e.get("kernel") for e in manifest if e.get("library") and "measures" not in e]
     if stale:  # the run's fault, not the registry's: say so whatever `strict` is
@@ -58,7 +65,7 @@ def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict
             "realize wrote it); run `fact realize` again into a fresh --out"
         )
     try:
-        rows = measured(run, registry)
+        return manifest, measured(run, registry)
     except EngineError as exc:
         if "does not exist" not in str(exc):  # a damaged registry is a hint lost, not an error
             if strict:
@@ -66,14 +73,20 @@ def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict
             warnings.warn(
                 f"FACT: the pattern registry cannot be read ({exc}); tuning every kernel. "
                 "`fact registry salvage -o rows.json` keeps its readable rows",
-                stacklevel=2,
+                stacklevel=3,
             )
-        return None  # no registry to ask: everything is new
-    return [
-        e
-        for e in manifest
-        if e.get("library") and rows.get((e["pattern_index"], e["kernel"])) is None
-    ]
+        return manifest, None  # no registry to ask: everything is new
+
+
+def unmeasured(run: Path, registry: list[str], strict: bool = True) -> list[dict] | None:
+    """The run's manifest entries that the registry has no passed row for (same signature,
+    arch, problem and config), or None when there is no registry to ask yet. A registry that
+    cannot be read raises EngineError when `strict` (`fact tune`, which will write into it:
+    say so before tuning), else it is warned about and counts as none (optimize's tuning)."""
+    manifest, rows = _registry_rows(run, registry, strict)
+    if rows is None:
+        return None
+    return [e for e in manifest if e.get("library") and rows.get(_key(e)) is None]
 
 
 def tune_run(
@@ -100,14 +113,9 @@ def tune_run(
     arch = plan.get("arch", "sm90")
     entries, _ = harness.load_manifest(run)  # library paths resolved against the run
     built = [e for e in entries if e.get("library")]
-    # One kernel can serve several patterns (same signature, other sizes): entries are keyed by
-    # pattern and kernel, and each pattern's are tuned at its own problem.
-    by_entry = {(e["pattern_index"], e["kernel"]): e for e in built}
-    pending = unmeasured(run, registry, strict=False)
-    if pending is None:
-        pending = built
-    else:
-        pending = [by_entry[(e["pattern_index"], e["kernel"])] for e in pending]
+    # What the registry had before this run's tuning; what it tunes now is in `fresh` below.
+    _, known = _registry_rows(run, registry, strict=False)
+    pending = built if known is None else [e for e in built if known.get(_key(e)) is None]
     # GEMM-family and attention kernels go through the harness; the others (row norms,
     # pointwise regions) are verified and timed where they run, in the composed module's
     # context, and listed untimed below.
@@ -149,10 +157,7 @@ def tune_run(
                 f"they are in {export} (`fact registry import` it into a readable registry)",
                 stacklevel=2,
             )
-    try:  # after the import: this run's rows are in it too
-        known = measured(run, registry)
-    except Exception:  # noqa: BLE001 - no registry: only this run's rows count
-        known = {}
+    known = known or {}
     best: dict[int, list[dict]] = {}
     for entry in built:
         index = entry["pattern_index"]
@@ -187,7 +192,7 @@ def tune_run(
                 "source": "tuned",
             }
         else:
-            row = known.get((index, entry["kernel"]))
+            row = known.get(_key(entry))
             if row is None:
                 continue
             cand = {

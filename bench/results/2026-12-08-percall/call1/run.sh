@@ -10,11 +10,7 @@ set -uo pipefail
 source scripts/device_env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 fact_device_seed
-H=bench/heldout
-LIST=${PROBLEMS:-"gemm_sigmoid_gate gemm_silu_div_clamp_tanh gemm_elu_scale gemm_residual_relu
-  gemm_nobias_hardswish gemm_scale_hardtanh_gelu gemm_softplus_tanh_down
-  gemm_add_silu_tanh_gelu_hardtanh pointwise_three_inputs gemm_scale_leaky"}
-FILES=(); for p in $LIST; do [ -f "$p" ] && FILES+=("$p") || FILES+=("$H/$p.py"); done
+source bench/results/2026-12-08-percall/problems.sh
 PREWARM_S=${PREWARM_S:-330}
 time fact_device_prewarm bf16 high "${FILES[@]}" $H/pointwise_bias_swish.py
 timeout 150 python3 bench/percall_probe.py --out "$OUT/probe" $H/gemm_scale_leaky.py \
